@@ -1,0 +1,612 @@
+"""The Accelerator: one object that makes a plain PyTorch loop run on 1..N processes.
+
+Read this after lesson 4. Everything it does is something lesson 2 wrote out by hand:
+
+* ``__init__`` reads the launcher's environment (``env.py``), picks the device, and joins the
+  process group (gloo on CPU, NCCL on CUDA) when there are several processes.
+* ``prepare`` moves the model to the device and wraps it in DDP, shards the DataLoader so each
+  rank sees distinct samples (``data.py``), and wraps the optimizer so that gradient
+  accumulation and fp16 loss scaling happen inside ``optimizer.step()``.
+* ``backward`` divides the loss for accumulation and scales it for fp16 (``precision.py``).
+* ``accumulate`` tells DDP to skip the all-reduce on all but the last micro-batch of a window.
+
+No hidden globals: two Accelerators in one process share nothing, except what torch itself keeps
+process-wide: the default process group (created by the first Accelerator that needs it and
+destroyed by that one's ``end_training``), the global RNGs, and CUDA's current device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader
+
+from . import checkpoint
+from .data import LoopState, PreparedDataLoader, shard_dataloader
+from .env import MIXED_PRECISION_VAR, DistEnv, backend_for, choose_device
+from .precision import MixedPrecision, Precision, check_mode
+
+logger = logging.getLogger(__name__)
+
+
+class Accelerator:
+    """Device placement, DDP, mixed precision and gradient accumulation for a training loop.
+
+    >>> accelerator = Accelerator(mixed_precision="no", gradient_accumulation_steps=2)
+    >>> accelerator.num_processes, accelerator.is_main_process
+    (1, True)
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``; ``None`` takes the launch default
+            (``nbaccel launch --mixed-precision``, ``notebook_launcher(mixed_precision=...)``),
+            else ``"no"``.
+        gradient_accumulation_steps: micro-batches per optimizer step inside ``accumulate``.
+        cpu: use the CPU even when a GPU is present.
+    """
+
+    def __init__(
+        self,
+        mixed_precision: MixedPrecision | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+    ) -> None:
+        if mixed_precision is None:
+            mixed_precision = os.environ.get(MIXED_PRECISION_VAR) or "no"  # type: ignore[assignment]
+        check_mode(mixed_precision)
+        if isinstance(gradient_accumulation_steps, bool) or not isinstance(
+            gradient_accumulation_steps, int
+        ):
+            raise TypeError(
+                f"gradient_accumulation_steps={gradient_accumulation_steps!r} must be an int "
+                f"(got {type(gradient_accumulation_steps).__name__}), e.g. 4."
+            )
+        if gradient_accumulation_steps < 1:
+            raise ValueError(
+                f"gradient_accumulation_steps={gradient_accumulation_steps} must be a positive "
+                "int; use 1 to step the optimizer on every batch."
+            )
+        self.env = DistEnv.from_environ()
+        self.device = choose_device(self.env.local_rank, cpu=cpu)
+        self._owns_process_group = False
+        if self.env.is_distributed and not dist.is_initialized():
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(
+                backend_for(self.device), rank=self.env.rank, world_size=self.env.world_size
+            )
+            self._owns_process_group = True
+        self.precision = Precision(mixed_precision, self.device)
+        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.step = 0  # micro-batches seen by accumulate() in this window-aligned count
+        self.sync_gradients = True  # False on the micro-batches that only accumulate
+        self.history: list[dict[str, float]] = []  # what log() recorded on this rank
+        self._loop = LoopState()
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._grads_pending = False  # gradients of a window that no optimizer step used yet
+
+    # -- where this process stands (PyTorch's names, and Accelerate's aliases) ----------------
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    process_index = rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def num_processes(self) -> int:
+        return self.env.world_size
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.env.rank == 0  # logs and saves
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.env.local_rank == 0
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.precision.mode
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self.precision.scaler
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """True when fp16 found inf/NaN gradients and skipped the last real step."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(rank={self.rank}, num_processes={self.num_processes}, "
+            f"device={self.device}, mixed_precision={self.mixed_precision!r}, "
+            f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
+        )
+
+    # -- prepare -------------------------------------------------------------------------------
+    def prepare(self, *objects: Any) -> Any:
+        """Prepare models, optimizers, DataLoaders and LR schedulers; return them in order.
+
+        * ``nn.Module``: moved to ``device``; wrapped in DDP when there are several processes;
+          its forward runs under autocast with mixed precision (outputs come back float32).
+        * ``Optimizer``: inside ``accumulate``, ``step()`` does nothing until the window's last
+          micro-batch; ``zero_grad()`` is skipped only while a window holds gradients that no
+          step has used, so ``backward; step; zero_grad`` and ``zero_grad; backward; step`` are
+          both correct. With fp16 the GradScaler steps and updates inside ``step()``, and
+          ``step_was_skipped`` says when inf/NaN gradients made it skip.
+        * ``DataLoader``: each rank gets ``batch_size`` distinct samples per step (see
+          ``nbaccel.data``), already on ``device``.
+        * LR scheduler: steps only when its optimizer really stepped.
+        """
+        prepared = [self._prepare_one(obj) for obj in objects]
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def _prepare_one(self, obj: Any) -> Any:
+        if isinstance(obj, AcceleratedOptimizer | AcceleratedScheduler | PreparedDataLoader):
+            return obj
+        if isinstance(obj, torch.nn.Module):
+            return self._prepare_model(obj)
+        if isinstance(obj, torch.optim.Optimizer):
+            optimizer = AcceleratedOptimizer(obj, self)
+            self._optimizers.append(optimizer)
+            return optimizer
+        if isinstance(obj, DataLoader):
+            loader = shard_dataloader(obj, self.rank, self.num_processes, self._shared_seed)
+            return PreparedDataLoader(loader, self.device, self._loop)
+        if isinstance(obj, LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau):
+            scheduler = AcceleratedScheduler(obj, self)
+            self._schedulers.append(scheduler)
+            return scheduler
+        raise TypeError(
+            f"prepare() got a {type(obj).__module__}.{type(obj).__qualname__}; it prepares "
+            "torch.nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader and LR "
+            "schedulers. Pass other objects around prepare(), unchanged."
+        )
+
+    def _prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        model = model.to(self.device)
+        trainable = any(p.requires_grad for p in model.parameters())
+        if self.env.is_distributed and trainable and not isinstance(model, DistributedDataParallel):
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = DistributedDataParallel(model, device_ids=ids)
+        if self.precision.dtype is not None:
+            model.forward = _AutocastForward(model.forward, self.precision)
+        self._models.append(model)
+        return model
+
+    def _shared_seed(self) -> int:
+        """Rank 0's draw from the global RNG, on every rank: one shuffle order for all."""
+        seed = torch.empty((), dtype=torch.int64).random_()
+        if self.env.is_distributed:
+            seed = seed.to(self.device)
+            dist.broadcast(seed, src=0)
+        return int(seed.item())
+
+    # -- the training step -----------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided by ``gradient_accumulation_steps`` and scaled for fp16.
+
+        Pass the loss of one micro-batch as it is: do not divide it yourself.
+        """
+        if self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
+        if not self.sync_gradients:
+            self._grads_pending = True
+        self.precision.backward(loss, **kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """One micro-batch of a gradient-accumulation window.
+
+        ``sync_gradients`` becomes True on every ``gradient_accumulation_steps``-th call and on
+        the last batch of a prepared DataLoader; on the other calls DDP skips its all-reduce
+        (``no_sync``) and the prepared optimizer's ``step()`` does nothing.
+        """
+        if self._loop.end_of_dataloader:
+            self.step = 0  # the next epoch starts a fresh window
+            self.sync_gradients = True
+        else:
+            self.step += 1
+            self.sync_gradients = self.step % self.gradient_accumulation_steps == 0
+        with contextlib.ExitStack() as stack:
+            if not self.sync_gradients:
+                for model in models:
+                    stack.enter_context(self.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Skip DDP's gradient all-reduce inside the block (a no-op for one process)."""
+        context = model.no_sync() if isinstance(model, DistributedDataParallel) else None
+        with context or contextlib.nullcontext():
+            yield
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Autocast for code outside a prepared model's forward (a no-op with ``"no"``)."""
+        return self.precision.autocast()
+
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0):
+        """Clip the accumulated gradient's norm; returns the norm before clipping.
+
+        Only on the micro-batch that syncs (returns None on the others): clipping a partial
+        sum would clip the wrong gradient. Unscales fp16 gradients first.
+        """
+        if not self.sync_gradients:
+            return None
+        for optimizer in self._optimizers:
+            self.precision.unscale_(optimizer.optimizer)
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters, clip_value: float) -> None:
+        """Clamp each gradient element to ``[-clip_value, clip_value]`` on the syncing step."""
+        if not self.sync_gradients:
+            return
+        for optimizer in self._optimizers:
+            self.precision.unscale_(optimizer.optimizer)
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # -- collectives -----------------------------------------------------------------------------
+    def gather(self, data: Any) -> Any:
+        """Concatenate each tensor across ranks along dim 0, in rank order (0-d tensors stack).
+
+        Every rank must pass tensors of the same shape; see ``pad_across_processes``.
+        """
+        if not self.env.is_distributed:
+            return data
+        return _map_tensors(data, self._gather_tensor)
+
+    def _gather_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.contiguous()
+        if tensor.dim() == 0:
+            tensor = tensor[None]
+        parts = [torch.empty_like(tensor) for _ in range(self.num_processes)]
+        dist.all_gather(parts, tensor)
+        return torch.cat(parts)
+
+    def gather_for_metrics(self, data: Any) -> Any:
+        """``gather`` per-sample values, dropping the repeats that topped up the last batch.
+
+        Over a prepared loader of ``n`` samples this returns exactly ``n`` rows in total.
+        Non-tensor data (lists of strings, say) is gathered as Python objects.
+        """
+        if not self.env.is_distributed:
+            return data
+        if _has_tensor(data):
+            gathered = self.gather(data)
+        else:
+            parts: list[Any] = [None] * self.num_processes
+            dist.all_gather_object(parts, data)
+            gathered = [x for part in parts for x in part]
+        remainder = self._loop.remainder
+        if self._loop.end_of_dataloader and remainder is not None:
+            gathered = _map_tensors(gathered, lambda t: t[:remainder], lists=True)
+        return gathered
+
+    def reduce(self, tensor: Any, reduction: Literal["sum", "mean"] = "sum") -> Any:
+        """Sum or average each tensor across ranks; every rank gets the result."""
+        if reduction not in ("sum", "mean"):
+            raise ValueError(f"reduction={reduction!r} must be 'sum' or 'mean'")
+
+        def one(t: torch.Tensor) -> torch.Tensor:
+            t = t.clone()
+            if self.env.is_distributed:
+                dist.all_reduce(t)
+            return t / self.num_processes if reduction == "mean" else t
+
+        return _map_tensors(tensor, one)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad each tensor along ``dim`` to the largest size on any rank, so it can be gathered."""
+        if not self.env.is_distributed:
+            return tensor
+
+        def one(t: torch.Tensor) -> torch.Tensor:
+            size = torch.tensor([t.shape[dim]], device=t.device)
+            longest = int(self._gather_tensor(size).max())
+            if longest == t.shape[dim]:
+                return t
+            shape = list(t.shape)
+            shape[dim] = longest
+            out = t.new_full(shape, pad_index)
+            start = longest - t.shape[dim] if pad_first else 0
+            out.narrow(dim, start, t.shape[dim]).copy_(t)
+            return out
+
+        return _map_tensors(tensor, one)
+
+    def wait_for_everyone(self) -> None:
+        """A barrier: every rank waits here until all have arrived."""
+        if self.env.is_distributed:
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Rank 0 runs the block first (say, to download or cache data); the others follow."""
+        if not self.is_main_process:
+            self.wait_for_everyone()
+        yield
+        if self.is_main_process:
+            self.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this rank's contiguous share of a list, tuple, tensor or dict of them.
+
+        Shares differ by at most one item; ``apply_padding`` repeats the last item so they are
+        equal (handy before ``gather``).
+        """
+        yield _split(inputs, self.rank, self.num_processes, apply_padding)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
+        """Record numbers (floats, ints, 0-d tensors) for this rank in ``history``."""
+        record: dict[str, float] = {"time": time.time()}
+        if step is not None:
+            record["step"] = step
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    raise TypeError(
+                        f"log() got {key}= a tensor of shape {tuple(value.shape)}; log single "
+                        f"numbers, e.g. {key}=tensor.mean()"
+                    )
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"log() got {key}={value!r}; it records numbers only")
+            record[key] = float(value)
+        self.history.append(record)
+
+    # -- models and checkpoints ------------------------------------------------------------------
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True):
+        """The user's own module inside DDP and ``torch.compile`` wrappers.
+
+        Its ``state_dict()`` has no ``module.`` prefix, so it loads into a plain model.
+        ``keep_fp32_wrapper=False`` also removes the autocast that ``prepare`` put on forward.
+        """
+        while True:
+            if isinstance(model, DistributedDataParallel | torch.nn.DataParallel):
+                model = model.module
+            elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+                model = model._orig_mod
+            else:
+                break
+        if not keep_fp32_wrapper and isinstance(model.__dict__.get("forward"), _AutocastForward):
+            del model.__dict__["forward"]
+        return model
+
+    def save(self, obj: Any, path: str | os.PathLike) -> None:
+        """``torch.save`` on the main process only, atomically (temporary file, then rename)."""
+        if self.is_main_process:
+            checkpoint.atomic_save(obj, path)
+
+    def save_state(self, output_dir: str | os.PathLike) -> None:
+        """Checkpoint models, optimizers, schedulers, scaler, RNG states and ``step``.
+
+        Every rank must call it. The directory is replaced whole, or not at all.
+        """
+        checkpoint.save_state(
+            output_dir,
+            models=[self.unwrap_model(m) for m in self._models],
+            optimizers=[o.optimizer for o in self._optimizers],
+            schedulers=[s.scheduler for s in self._schedulers],
+            scaler=self.scaler,
+            step=self.step,
+            rank=self.rank,
+            world_size=self.num_processes,
+            barrier=self.wait_for_everyone,
+        )
+
+    def load_state(self, input_dir: str | os.PathLike) -> None:
+        """Restore what ``save_state`` wrote, after preparing the same objects in the same order.
+
+        Raises ``CheckpointError`` (a ``ValueError``) for a missing, partial or corrupt
+        checkpoint, before any object is changed. Files load with ``weights_only=True``.
+        """
+        models = [self.unwrap_model(m) for m in self._models]
+        state = checkpoint.read_state(
+            input_dir,
+            models=models,
+            optimizers=[o.optimizer for o in self._optimizers],
+            schedulers=[s.scheduler for s in self._schedulers],
+            scaler=self.scaler,
+            rank=self.rank,
+        )
+        for i, model in enumerate(models):
+            model.load_state_dict(state[f"model_{i}.pt"])
+        for i, optimizer in enumerate(self._optimizers):
+            optimizer.optimizer.load_state_dict(state[f"optimizer_{i}.pt"])
+        for i, scheduler in enumerate(self._schedulers):
+            scheduler.scheduler.load_state_dict(state[f"scheduler_{i}.pt"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler.pt"])
+        if f"rng_{self.rank}.pt" in state:
+            checkpoint.set_rng_state(state[f"rng_{self.rank}.pt"])
+        self.step = state["manifest"]["step"]
+
+    def end_training(self) -> None:
+        """Destroy the process group this Accelerator created (safe to call twice)."""
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_process_group = False
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    """Wraps an optimizer so ``step``/``zero_grad`` follow the accumulation window.
+
+    Subclasses ``Optimizer`` so LR schedulers accept it; its state lives in the wrapped one.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, accelerator: Accelerator) -> None:
+        # Optimizer.__init__ is not called: param_groups and state belong to ``optimizer``.
+        self.optimizer = optimizer
+        self._accelerator = accelerator
+        self.step_was_skipped = False  # fp16 found inf/NaN gradients on the last real step
+        self.stepped = False  # the last step() call changed the weights
+
+    @property
+    def param_groups(self):  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self):  # type: ignore[override]
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value) -> None:
+        self.optimizer.state = value
+
+    @property
+    def defaults(self):  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value) -> None:
+        self.optimizer.defaults = value
+
+    def step(self, closure=None):  # type: ignore[override]
+        if not self._accelerator.sync_gradients:
+            self.stepped = False  # mid-window: keep accumulating
+            return None
+        self.stepped = self._accelerator.precision.step(self.optimizer, closure)
+        self.step_was_skipped = not self.stepped
+        self._accelerator._grads_pending = False
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._accelerator._grads_pending:
+            return  # these gradients belong to a window whose step has not happened yet
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"
+
+    def __getstate__(self):
+        return self.__dict__
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
+
+
+class AcceleratedScheduler:
+    """Steps an LR scheduler only when its optimizer really stepped.
+
+    Mid-window micro-batches and fp16 steps skipped for inf/NaN gradients leave the learning
+    rate where it is, so the schedule counts optimizer updates, as in single-process PyTorch.
+    """
+
+    def __init__(self, scheduler: Any, accelerator: Accelerator) -> None:
+        self.scheduler = scheduler
+        self._accelerator = accelerator
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        raw = self.scheduler.optimizer
+        mine = [o for o in self._accelerator._optimizers if o.optimizer is raw]
+        if not self._accelerator.sync_gradients or not all(o.stepped for o in mine):
+            return
+        self.scheduler.step(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # get_last_lr, state_dict, last_epoch, ...
+        if name == "scheduler":
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)
+
+
+class _AutocastForward:
+    """A model's forward run under autocast, its floating outputs returned as float32."""
+
+    def __init__(self, forward: Any, precision: Precision) -> None:
+        self.forward, self.precision = forward, precision
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision.autocast():
+            out = self.forward(*args, **kwargs)
+        return _map_tensors(out, lambda t: t.float() if t.is_floating_point() else t)
+
+
+def _map_tensors(data: Any, fn: Any, lists: bool = False) -> Any:
+    """Apply ``fn`` to every tensor in nested tuples/lists/dicts (and to lists, if ``lists``)."""
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, Mapping):
+        return type(data)({k: _map_tensors(v, fn, lists) for k, v in data.items()})
+    if lists and isinstance(data, list) and not _has_tensor(data):
+        return fn(data)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_map_tensors(v, fn, lists) for v in data))
+    if isinstance(data, list | tuple):
+        return type(data)(_map_tensors(v, fn, lists) for v in data)
+    return data
+
+
+def _has_tensor(data: Any) -> bool:
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, Mapping):
+        return any(_has_tensor(v) for v in data.values())
+    if isinstance(data, list | tuple):
+        return any(_has_tensor(v) for v in data)
+    return False
+
+
+def _split(inputs: Any, rank: int, world_size: int, pad: bool) -> Any:
+    if isinstance(inputs, Mapping):
+        return type(inputs)({k: _split(v, rank, world_size, pad) for k, v in inputs.items()})
+    n = len(inputs)
+    base, extra = divmod(n, world_size)
+    start = rank * base + min(rank, extra)
+    share = inputs[start : start + base + (rank < extra)]
+    if pad and extra and rank >= extra and n:
+        tail = inputs[n - 1 : n]
+        share = torch.cat([share, tail]) if isinstance(share, torch.Tensor) else share + tail
+    return share
+
+
+def set_seed(seed: int, device_specific: bool = False) -> None:
+    """Seed python, numpy (if installed) and torch on every device.
+
+    ``device_specific=True`` adds the rank, so ranks draw different numbers (e.g. for
+    augmentation) while staying reproducible.
+    """
+    if device_specific:
+        seed += DistEnv.from_environ().rank
+    random.seed(seed)
+    torch.manual_seed(seed)
+    with contextlib.suppress(ImportError):
+        import numpy as np
+
+        np.random.seed(seed % 2**32)

@@ -1,0 +1,237 @@
+"""Saving that cannot half-happen, and checkpoints that load whole or not at all.
+
+``atomic_save`` writes to a temporary file beside the target, flushes it to disk, then renames
+it over the target: ``os.replace`` is atomic on POSIX and Windows, so a reader (or a crash) sees
+the old file or the new one, never a mix.
+
+A checkpoint written by ``save_state`` is a directory::
+
+    nbaccel_state.json          what is inside (counts, step, world size): written last
+    model_0.pt ...              weights, without DDP's ``module.`` prefix
+    optimizer_0.pt ...          optimizer state (identical on every rank under DDP)
+    scheduler_0.pt ...          learning-rate schedulers
+    scaler.pt                   the fp16 GradScaler, when there is one
+    rng_0.pt, rng_1.pt ...      each rank's random generators (python, numpy, torch, cuda)
+
+It is assembled in a staging directory and swapped in by rename, so an interrupted save leaves
+the previous checkpoint in place. ``load_state`` reads and checks every file before it touches
+a single object, and loads with ``weights_only=True`` (no code runs from a checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "nbaccel_state.json"
+FORMAT = 1
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save(obj, path)``, but an interruption leaves the previous file intact."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"cannot save to {path}: the folder {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def rng_state() -> dict[str, Any]:
+    """Every generator a training loop may draw from, as data ``weights_only`` can load."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+    except ImportError:
+        return state
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss)
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_as_tuple(state["python"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
+
+
+def _as_tuple(obj: Any) -> Any:
+    return tuple(_as_tuple(x) for x in obj) if isinstance(obj, list | tuple) else obj
+
+
+def save_state(
+    directory: str | os.PathLike,
+    *,
+    models: Sequence[torch.nn.Module],
+    optimizers: Sequence[Any],
+    schedulers: Sequence[Any],
+    scaler: torch.amp.GradScaler | None,
+    step: int,
+    rank: int,
+    world_size: int,
+    barrier: Callable[[], None],
+) -> Path:
+    """Write a checkpoint directory; every rank must call it (each saves its RNG state)."""
+    final = Path(directory)
+    staging = final.with_name(f".{final.name}.staging")
+    if rank == 0:
+        if not final.parent.is_dir():
+            raise FileNotFoundError(
+                f"cannot save a checkpoint to {final}: the folder {final.parent} does not exist"
+            )
+        shutil.rmtree(staging, ignore_errors=True)  # left by an earlier interrupted save
+        staging.mkdir()
+    barrier()
+    atomic_save(rng_state(), staging / f"rng_{rank}.pt")
+    if rank == 0:
+        for i, model in enumerate(models):
+            atomic_save(model.state_dict(), staging / f"model_{i}.pt")
+        for i, optimizer in enumerate(optimizers):
+            atomic_save(optimizer.state_dict(), staging / f"optimizer_{i}.pt")
+        for i, scheduler in enumerate(schedulers):
+            atomic_save(scheduler.state_dict(), staging / f"scheduler_{i}.pt")
+        if scaler is not None:
+            atomic_save(scaler.state_dict(), staging / "scaler.pt")
+    barrier()  # every rank's RNG file is in place
+    if rank == 0:
+        manifest = {
+            "format": FORMAT,
+            "step": step,
+            "world_size": world_size,
+            "models": len(models),
+            "optimizers": len(optimizers),
+            "schedulers": len(schedulers),
+            "scaler": scaler is not None,
+        }
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        _swap_in(staging, final)
+    barrier()
+    return final
+
+
+def _swap_in(staging: Path, final: Path) -> None:
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    staging.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def read_state(
+    directory: str | os.PathLike,
+    *,
+    models: Sequence[torch.nn.Module],
+    optimizers: Sequence[Any],
+    schedulers: Sequence[Any],
+    scaler: torch.amp.GradScaler | None,
+    rank: int,
+) -> dict[str, Any]:
+    """Read and check a whole checkpoint; raise ``CheckpointError`` before anything is applied."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        hint = ""
+        if folder.with_name(f".{folder.name}.old").is_dir():
+            hint = (
+                " A save was interrupted while swapping folders; the previous checkpoint is in "
+                f".{folder.name}.old: rename it back to {folder.name}."
+            )
+        raise CheckpointError(f"no checkpoint at {folder}: the folder does not exist.{hint}")
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{folder} is not a complete checkpoint: {MANIFEST} is missing (save_state writes "
+            "it last, so the save was interrupted or this folder was not written by save_state)."
+        ) from None
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{folder / MANIFEST} is corrupt: {err}") from err
+
+    _check_counts(folder, manifest, models=models, optimizers=optimizers, schedulers=schedulers)
+    if manifest["scaler"] != (scaler is not None):
+        saved = "with" if manifest["scaler"] else "without"
+        raise CheckpointError(
+            f"{folder} was saved {saved} an fp16 GradScaler, but this Accelerator "
+            f"{'has one' if scaler is not None else 'has none'}: use the same mixed_precision "
+            "as the run that saved it."
+        )
+    names = [f"model_{i}.pt" for i in range(len(models))]
+    names += [f"optimizer_{i}.pt" for i in range(len(optimizers))]
+    names += [f"scheduler_{i}.pt" for i in range(len(schedulers))]
+    names += ["scaler.pt"] if scaler is not None else []
+    if rank < manifest["world_size"]:
+        names.append(f"rng_{rank}.pt")
+    else:
+        logger.warning(
+            "%s was saved by %d processes; rank %d keeps its own RNG state",
+            folder,
+            manifest["world_size"],
+            rank,
+        )
+    missing = [name for name in names if not (folder / name).is_file()]
+    if missing:
+        raise CheckpointError(f"{folder} is incomplete: missing {', '.join(missing)}.")
+    loaded = {name: _load(folder / name) for name in names}
+    for i, model in enumerate(models):
+        _check_model(folder / f"model_{i}.pt", loaded[f"model_{i}.pt"], model)
+    return {"manifest": manifest, **loaded}
+
+
+def _check_counts(folder: Path, manifest: dict, **objects: Sequence[Any]) -> None:
+    for kind, objs in objects.items():
+        if manifest.get(kind) != len(objs):
+            raise CheckpointError(
+                f"{folder} holds {manifest.get(kind)} {kind}, but {len(objs)} were prepared: "
+                f"prepare the same {kind} in the same order as the run that saved it."
+            )
+
+
+def _load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise CheckpointError(
+            f"{path} is corrupt or truncated and cannot be loaded: {err}"
+        ) from err
+
+
+def _check_model(path: Path, state: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
+    expected = model.state_dict()
+    problems = [f"missing {k}" for k in expected if k not in state]
+    problems += [f"unexpected {k}" for k in state if k not in expected]
+    problems += [
+        f"{k}: saved {tuple(state[k].shape)}, model has {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and hasattr(state[k], "shape") and state[k].shape != v.shape
+    ]
+    if problems:
+        shown = "; ".join(problems[:5]) + (" ..." if len(problems) > 5 else "")
+        raise CheckpointError(f"{path} does not fit the prepared model: {shown}")

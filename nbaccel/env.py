@@ -1,0 +1,121 @@
+"""Where this process stands: its rank, its device, and how it talks to the others.
+
+Everything here is read from the environment that a launcher sets (torchrun's contract:
+``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``; SLURM's ``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NTASKS`` as a fallback),
+so ``torchrun script.py``, ``nbaccel launch`` and ``notebook_launcher`` all reach the same
+``DistEnv``. With none of it set, this is one process: rank 0 of 1.
+
+This module imports nothing else from nbaccel.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+#: Launch defaults travel to workers in the environment, so ``Accelerator()`` needs no arguments.
+MIXED_PRECISION_VAR = "NBACCEL_MIXED_PRECISION"
+
+# (rank, local rank, world size, local world size): torchrun's names first, then SLURM's.
+_SCHEMES = (
+    ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+    ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"),
+)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job, as plain data that can cross a process boundary."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
+        """Read the launcher's variables; with none set, one process (rank 0 of 1)."""
+        environ = os.environ if environ is None else environ
+        for rank_var, local_var, world_var, local_world_var in _SCHEMES:
+            if rank_var in environ and world_var in environ:
+                env = cls(
+                    rank=_int(environ, rank_var),
+                    local_rank=_int(environ, local_var, default=0),
+                    world_size=_int(environ, world_var),
+                    local_world_size=_int(environ, local_world_var, default=1),
+                    master_addr=environ.get("MASTER_ADDR"),
+                    master_port=_int(environ, "MASTER_PORT", default=None),
+                )
+                env.validate()
+                return env
+        return cls()
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    def validate(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"WORLD_SIZE={self.world_size} must be at least 1.")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(
+                f"RANK={self.rank} is outside 0..{self.world_size - 1} (WORLD_SIZE="
+                f"{self.world_size}); check the variables your launcher sets."
+            )
+        if self.is_distributed and (self.master_addr is None or self.master_port is None):
+            raise ValueError(
+                f"WORLD_SIZE={self.world_size} but MASTER_ADDR/MASTER_PORT are not set, so the "
+                "ranks cannot find each other. Start the script with `torchrun` or "
+                "`nbaccel launch`, or set both variables."
+            )
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | object | None = ...) -> int:
+    value = environ.get(name)
+    if value is None:
+        if default is ...:
+            raise ValueError(f"the environment variable {name} is not set")
+        return default  # type: ignore[return-value]
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"the environment variable {name}={value!r} is not an integer") from None
+
+
+def choose_device(local_rank: int = 0, cpu: bool = False) -> torch.device:
+    """CUDA at ``local_rank`` if there is one, else Apple's MPS, else the CPU."""
+    if not cpu and torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    mps = getattr(torch.backends, "mps", None)
+    if not cpu and mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def backend_for(device: torch.device) -> str:
+    """NCCL moves CUDA tensors between GPUs; gloo handles everything else (CPU, MPS)."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago. The OS picks it, so parallel jobs do not collide."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (including VS Code's), False in a terminal or script."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    shell = ipython.get_ipython()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})

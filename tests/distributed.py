@@ -1,0 +1,87 @@
+"""Run a test function on several CPU ranks (gloo) and return what each rank returned.
+
+A small stand-in for the launcher: it sets torchrun's variables in each child (never in the
+test process), uses a port the OS picked, and kills every child if one fails or hangs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from nbaccel.env import find_free_port
+
+
+def run_ranks(
+    fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 180
+) -> list:
+    """``[fn(*args) on rank 0, fn(*args) on rank 1, ...]``; a rank's exception fails the test.
+
+    ``timeout`` catches hangs, not slowness: a loaded 2-core box takes seconds, not minutes.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = find_free_port()
+    procs = [
+        ctx.Process(target=_child, args=(fn, args, rank, world_size, port, results), daemon=True)
+        for rank in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    outcomes: dict[int, tuple[str, bytes | str]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(outcomes) < world_size:
+            try:
+                rank, status, payload = results.get(timeout=0.5)
+                outcomes[rank] = (status, payload)
+                if status == "error":
+                    raise AssertionError(f"rank {rank} failed:\n{payload}")
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead and not results.qsize():
+                    raise AssertionError(
+                        f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}"
+                    ) from None
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(world_size)) - set(outcomes))
+                    raise AssertionError(f"ranks {missing} hung for {timeout} s") from None
+        for p in procs:
+            p.join(timeout=30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+        results.close()
+        results.join_thread()
+    return [pickle.loads(outcomes[r][1]) for r in range(world_size)]
+
+
+def _child(fn, args, rank, world_size, port, results) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # two ranks share two cores
+    try:
+        value = fn(*args)
+        results.put((rank, "ok", pickle.dumps(value)))
+    except BaseException:
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
