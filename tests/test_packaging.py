@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,9 +17,10 @@ def test_binder_and_conda_install_the_same_environment():
 
 
 def test_the_package_declares_a_range_and_ci_pins_one_torch():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert "torch>=2.4" in project["dependencies"]
-    assert {"notebook", "test", "dev", "bench"} <= set(project["optional-dependencies"])
+    pyproject = (ROOT / "pyproject.toml").read_text()  # tomllib is not in Python 3.10
+    assert 'dependencies = ["torch>=2.4"' in pyproject
+    for extra in ("notebook", "test", "dev", "bench"):
+        assert f"\n{extra} = [" in pyproject
     pins = (ROOT / "constraints.txt").read_text().splitlines()
     assert "torch==2.13.0" in pins
 
