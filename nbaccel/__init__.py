@@ -5,7 +5,16 @@
 
 from .accelerator import Accelerator, set_seed
 from .data import send_to_device
-from .errors import CheckpointError, NbaccelError
+from .errors import CheckpointError, LaunchError, NbaccelError
+from .launcher import notebook_launcher
 
-__all__ = ["Accelerator", "CheckpointError", "NbaccelError", "send_to_device", "set_seed"]
+__all__ = [
+    "Accelerator",
+    "CheckpointError",
+    "LaunchError",
+    "NbaccelError",
+    "notebook_launcher",
+    "send_to_device",
+    "set_seed",
+]
 __version__ = "0.1.0"

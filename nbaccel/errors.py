@@ -6,6 +6,9 @@ library works (a checkpoint that cannot be loaded, a worker that crashed) raise 
 
 from __future__ import annotations
 
+import signal
+from dataclasses import dataclass
+
 
 class NbaccelError(RuntimeError):
     """Base class of nbaccel's run-time errors."""
@@ -16,3 +19,39 @@ class CheckpointError(NbaccelError, ValueError):
 
     Also a ``ValueError``, since the bad value is the checkpoint path handed to ``load_state``.
     """
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What one worker did wrong, as plain data that crossed the process boundary."""
+
+    rank: int
+    pid: int | None = None
+    exit_code: int | None = None  # negative: killed by signal -exit_code
+    exc_type: str | None = None  # None: it died without a Python exception
+    message: str = ""
+    traceback: str = ""
+    secondary: bool = False  # a collective failed because another rank was gone
+
+    def describe(self) -> str:
+        if self.exc_type is not None:
+            return f"rank {self.rank} (pid {self.pid}) raised {self.exc_type}: {self.message}"
+        if self.exit_code is not None and self.exit_code < 0:
+            try:
+                name = signal.Signals(-self.exit_code).name
+            except ValueError:
+                name = f"signal {-self.exit_code}"
+            return f"rank {self.rank} (pid {self.pid}) was killed by {name}"
+        note = f" {self.message}" if self.message else ""
+        return f"rank {self.rank} (pid {self.pid}) exited with code {self.exit_code}{note}"
+
+
+class LaunchError(NbaccelError):
+    """A launch failed: the first rank's real error, its traceback, and what the others did."""
+
+    def __init__(self, summary: str, failures: list[RankFailure] | None = None) -> None:
+        self.failures = failures or []
+        self.root_cause = self.failures[0] if self.failures else None
+        self.rank = self.root_cause.rank if self.root_cause else None
+        self.exc_type = self.root_cause.exc_type if self.root_cause else None
+        super().__init__(summary)

@@ -1,0 +1,274 @@
+"""The worker side of the launcher: a fork server, and what each worker runs.
+
+Why a fork server (measured on 2 cores, see ``launcher.py``): a notebook kernel that already
+trained with torch has a live OpenMP thread pool; forking it can deadlock the children, and a
+kernel that touched CUDA cannot fork usable CUDA workers at all. Spawning fresh interpreters is
+safe but pays the torch import (seconds) on every launch. So the launcher starts this module once
+per kernel as a fresh interpreter (``python -m nbaccel.forkserver FD``) that imports torch and
+then only waits: it never runs a torch op, so it has no thread pool and no CUDA context, and
+forking it is safe and fast. Workers receive the notebook's function serialised by value
+(cloudpickle), so functions and classes defined in cells work.
+
+Wire protocol, all over Unix sockets the launcher created:
+
+* control socket (launcher <-> server): length-prefixed pickles. ``launch`` carries one spec per
+  worker and, as passed file descriptors, each worker's stdout and stderr pipes and message
+  socket; the server answers ``started`` with the pids, then ``exited`` (pid, exit code) for
+  each worker. ``signal`` asks the server to signal a launch's live workers: the server is
+  their parent and reaps them itself, so it never signals a pid that has been reused.
+* per worker: stdout and stderr go to their own pipes; the message socket carries the payload in,
+  and the result or the error (as plain data) out.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import selectors
+import signal
+import socket
+import struct
+import sys
+from typing import Any
+
+_HEADER = struct.Struct("!I")
+
+
+# -- framing on the control socket (used by both ends) -------------------------------------------
+def send_message(sock: socket.socket, message: Any, fds: list[int] | None = None) -> None:
+    data = pickle.dumps(message)
+    header = _HEADER.pack(len(data))
+    if fds:
+        socket.send_fds(sock, [header], fds)
+    else:
+        sock.sendall(header)
+    sock.sendall(data)
+
+
+def recv_message(sock: socket.socket, max_fds: int = 0) -> tuple[Any, list[int]]:
+    """One message and the descriptors sent with it; raises EOFError when the peer is gone."""
+    fds: list[int] = []
+    header = b""
+    while len(header) < _HEADER.size:
+        if max_fds and not header:
+            chunk, fds, _, _ = socket.recv_fds(sock, _HEADER.size, max_fds)
+        else:
+            chunk = sock.recv(_HEADER.size - len(header))
+        if not chunk:
+            raise EOFError("the peer closed the control socket")
+        header += chunk
+    (size,) = _HEADER.unpack(header)
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            raise EOFError("the peer closed the control socket")
+        data += chunk
+    return pickle.loads(data), list(fds)
+
+
+# -- the server ----------------------------------------------------------------------------------
+def serve(control_fd: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Jupyter's interrupt is for the kernel
+    import cloudpickle  # noqa: F401  # preloaded so that every worker starts warm
+    import torch
+    import torch.distributed
+    import torch.nn  # noqa: F401
+
+    import nbaccel  # noqa: F401
+
+    control = socket.socket(fileno=control_fd)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select() through the pipe
+    launches: dict[int, list[int]] = {}  # launch id -> pids not yet reaped
+    selector = selectors.DefaultSelector()
+    selector.register(control, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    try:
+        while True:
+            for key, _ in selector.select():
+                if key.fileobj is control:
+                    message, fds = recv_message(control, max_fds=64)
+                    _handle(control, message, fds, launches, wake_r, wake_w)
+                else:
+                    os.read(wake_r, 4096)
+            _reap(control, launches)
+    except (EOFError, ConnectionError):
+        pass  # the launching process is gone: take the workers with us
+    finally:
+        for pids in launches.values():
+            for pid in pids:
+                _signal_group(pid, signal.SIGKILL)
+
+
+def _handle(control, message, fds, launches, wake_r, wake_w) -> None:
+    kind = message["kind"]
+    if kind == "launch":
+        pids = []
+        for i, spec in enumerate(message["workers"]):
+            mine = fds[3 * i : 3 * i + 3]  # stdout pipe, stderr pipe, message socket
+            pid = os.fork()
+            if pid == 0:  # the worker: never returns
+                os.close(wake_r)
+                os.close(wake_w)
+                control.close()
+                for fd in fds:
+                    if fd not in mine:
+                        os.close(fd)
+                os._exit(_worker(spec, *mine))
+            pids.append(pid)
+        for fd in fds:
+            os.close(fd)
+        launches[message["launch"]] = pids
+        send_message(control, {"kind": "started", "launch": message["launch"], "pids": pids})
+    elif kind == "signal":
+        for pid in launches.get(message["launch"], []):
+            _signal_group(pid, message["signal"])
+
+
+def _reap(control, launches) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        for launch, pids in list(launches.items()):
+            if pid in pids:
+                pids.remove(pid)
+                if not pids:
+                    del launches[launch]
+        code = os.waitstatus_to_exitcode(status)
+        send_message(control, {"kind": "exited", "pid": pid, "code": code})
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    """Signal a worker and what it started (DataLoader workers): its own process group."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+# -- a worker ------------------------------------------------------------------------------------
+def _worker(spec: dict, out_fd: int, err_fd: int, channel_fd: int) -> int:
+    os.setpgid(0, 0)  # one group per worker, so a stop reaches its DataLoader workers too
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    os.close(out_fd)
+    os.close(err_fd)
+    sys.stdout.reconfigure(line_buffering=True)  # whole lines reach the notebook
+    sys.stderr.reconfigure(line_buffering=True)
+    return run_worker(spec, channel_fd)
+
+
+def run_worker(spec: dict, channel_fd: int) -> int:
+    """Set up this process as the spec says, run the function, report; returns the exit code."""
+    import faulthandler
+    from multiprocessing.connection import Connection
+
+    import cloudpickle
+    import torch
+    import torch.distributed as dist
+
+    faulthandler.enable()  # a segfault still prints a Python traceback into the cell
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    os.chdir(spec["cwd"])
+    sys.path[:] = spec["sys_path"]
+    torch.set_num_threads(spec["threads"])
+    channel = Connection(channel_fd)
+    try:
+        function, args, kwargs = cloudpickle.loads(channel.recv_bytes())
+        value = function(*args, **kwargs)
+        try:
+            payload = cloudpickle.dumps(_to_cpu(value))
+        except Exception as err:
+            raise TypeError(
+                f"the function returned a {type(value).__name__} that cannot be sent back to "
+                f"the notebook ({err}); return plain data, tensors or state_dicts instead"
+            ) from err
+        channel.send_bytes(pickle.dumps({"kind": "result", "value": payload}))
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if code == 0:
+            channel.send_bytes(pickle.dumps({"kind": "result", "value": cloudpickle.dumps(None)}))
+    except BaseException as err:
+        channel.send_bytes(pickle.dumps({"kind": "error", **describe_exception(err)}))
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    if dist.is_available() and dist.is_initialized():
+        try:  # the function forgot end_training(); leave cleanly so peers are not stuck
+            dist.destroy_process_group()
+        except Exception:
+            pass
+    return code
+
+
+def describe_exception(err: BaseException) -> dict:
+    """An exception as plain data: type, message, and its traceback frames (chain included)."""
+    import traceback
+
+    def one(exc: BaseException | None, seen: set[int]) -> dict | None:
+        if exc is None or id(exc) in seen:
+            return None
+        seen.add(id(exc))
+        frames = [
+            (f.filename, f.lineno, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)
+        ]
+        return {
+            "type": type(exc).__qualname__,
+            "module": type(exc).__module__,
+            "message": str(exc),
+            "frames": frames,
+            "cause": one(exc.__cause__, seen),
+            "context": None if exc.__suppress_context__ else one(exc.__context__, seen),
+        }
+
+    described = one(err, set())
+    while described["frames"] and described["frames"][0][0] == __file__:
+        del described["frames"][0]  # the launcher's own frames are noise to the user
+    return {"exception": described, "collective": _is_collective_failure(err)}
+
+
+def _is_collective_failure(err: BaseException) -> bool:
+    """True for the errors a rank gets because *another* rank died mid-collective."""
+    import torch.distributed as dist
+
+    backend_errors = tuple(
+        getattr(dist, name)
+        for name in ("DistBackendError", "DistNetworkError")
+        if hasattr(dist, name)
+    )
+    text = str(err).lower()
+    hints = ("connection closed by peer", "connection reset", "broken pipe", "socket", "gloo")
+    return isinstance(err, backend_errors) or (
+        isinstance(err, RuntimeError) and any(h in text for h in hints)
+    )
+
+
+def _to_cpu(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return type(value)({k: _to_cpu(v) for k, v in value.items()})
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_to_cpu(v) for v in value))
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))

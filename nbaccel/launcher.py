@@ -1,0 +1,665 @@
+"""``notebook_launcher``: run a function on N worker processes from a notebook cell.
+
+How workers start (the one decision that matters most here). Measured on a 2-core CPU box:
+
+=====================  ==========  ==========================================================
+start method           trivial     safe after the kernel trained with torch / touched CUDA?
+                       2-worker
+=====================  ==========  ==========================================================
+plain ``fork``         ~0.15 s     no: a forked OpenMP pool can deadlock the children when
+                                   they use more than one thread; CUDA cannot be forked
+``spawn``              3-4 s       yes, but pays the torch import in every worker, every time
+fork server (default)  ~0.10 s     yes: workers fork from a fresh interpreter that imported
+                       (first 3-4)   torch and never ran a torch op (``forkserver.py``)
+=====================  ==========  ==========================================================
+
+So ``start_method="forkserver"`` (the default) keeps one server per kernel and forks workers
+from it; ``"spawn"`` starts a fresh server for this launch alone and shuts it down after, for
+scripts that want nothing left running. Either way the function travels by value (cloudpickle),
+so functions and classes defined in notebook cells work, and CUDA state in the kernel does not
+matter: no worker is a fork of the kernel. (The figures come from ``benchmarks/launch.py``.)
+
+Rendezvous: the launching process hosts torch's TCPStore on a socket it bound itself (port 0:
+the OS picks a free one, no race), on loopback unless ``num_nodes > 1``; workers join it as
+clients, exactly as under torchrun's agent. The store, and so the port, go away when the launch
+returns or fails.
+
+Failure: the first real error wins. Every rank's exception travels back as plain data; when any
+rank fails, the others get SIGTERM, then SIGKILL after a short grace, and one ``LaunchError``
+names the failing rank and shows its own traceback. A rank that fails only because a peer
+vanished mid-collective ("connection closed by peer") is reported after the rank that caused it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import io
+import itertools
+import linecache
+import os
+import pickle
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import types
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, ClassVar, Literal
+
+from .config import load_config
+from .errors import LaunchError, NbaccelError, RankFailure
+from .precision import check_mode
+
+START_METHODS = ("forkserver", "spawn")
+GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL when stopping workers
+
+
+def notebook_launcher(
+    function: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    num_processes: int | None = None,
+    mixed_precision: Literal["no", "fp16", "bf16"] | None = None,
+    master_addr: str = "127.0.0.1",
+    master_port: int | None = None,
+    num_nodes: int = 1,
+    node_rank: int = 0,
+    start_method: Literal["forkserver", "spawn"] | None = None,
+    timeout: float | None = None,
+    return_all: bool = False,
+    output: Literal["all", "main"] = "all",
+    cpu: bool | None = None,
+) -> Any:
+    """Run ``function(*args, **kwargs)`` on ``num_processes`` workers; return rank 0's value.
+
+    >>> def train(lr):
+    ...     from nbaccel import Accelerator
+    ...     return Accelerator().num_processes * lr
+    >>> notebook_launcher(train, args=(0.5,), num_processes=2, cpu=True)  # doctest: +SKIP
+    1.0
+
+    Each worker gets torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``) and the launch defaults (``mixed_precision``, ``cpu``), so
+    ``Accelerator()`` inside needs no arguments. Workers' prints appear here, each line prefixed
+    with its rank (``output="main"`` shows rank 0 only).
+
+    Args:
+        num_processes: workers on this machine. Default: the ``nbaccel config`` value, else one
+            per visible GPU, else 1. One process runs here, in this process.
+        mixed_precision: the default for ``Accelerator()`` in the workers.
+        master_addr, master_port, num_nodes, node_rank: for several machines; run the same cell
+            on each with its ``node_rank``. ``master_port`` defaults to a free port (one node).
+        start_method: ``"forkserver"`` (default) or ``"spawn"``, see the module docstring.
+        timeout: seconds; past it the launch stops and names the ranks that had not finished.
+        return_all: return every local rank's value, in rank order.
+        cpu: make the workers' Accelerator use the CPU even where GPUs are visible.
+
+    Raises:
+        LaunchError: a worker raised, died, or timed out; the message holds its traceback.
+    """
+    _check_function(function)
+    if not isinstance(args, list | tuple):
+        raise TypeError(
+            f"args must be a tuple of arguments, got {type(args).__name__}: "
+            f"use args=({args!r},) for a single argument"
+        )
+    config = load_config()
+    cpu = config.cpu if cpu is None else bool(cpu)
+    mixed_precision = check_mode(mixed_precision or config.mixed_precision)
+    gpus = 0 if cpu else _visible_gpus()
+    if num_processes is None:
+        num_processes = config.num_processes or max(gpus, 1)
+    _check_counts(num_processes, gpus, num_nodes, node_rank, master_port)
+    start_method = start_method or "forkserver"
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method={start_method!r} is not one of {START_METHODS}")
+    if not hasattr(os, "fork"):
+        raise NbaccelError("notebook_launcher needs a POSIX system (Linux, macOS, WSL)")
+    _check_no_process_group()
+
+    world_size = num_processes * num_nodes
+    threads = _threads_per_worker(num_processes)
+    defaults = {
+        "NBACCEL_MIXED_PRECISION": mixed_precision,
+        "NBACCEL_CPU": "1" if cpu else "0",
+        "OMP_NUM_THREADS": str(threads),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",  # the store below is the rendezvous
+    }
+    with _launch_slot(), _rendezvous(num_nodes, node_rank, master_port) as port:
+        common = {**os.environ, **defaults, "MASTER_ADDR": master_addr, "MASTER_PORT": str(port)}
+        envs = [
+            {
+                **common,
+                "RANK": str(node_rank * num_processes + local_rank),
+                "LOCAL_RANK": str(local_rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_WORLD_SIZE": str(num_processes),
+                "GROUP_RANK": str(node_rank),
+            }
+            for local_rank in range(num_processes)
+        ]
+        if world_size == 1:
+            values = [_run_here(function, args, kwargs or {}, envs[0])]
+        else:
+            payload = _serialize(function, args, kwargs or {})
+            values = _Launch(start_method, envs, threads, payload, timeout, output).run()
+    return values if return_all else values[0]
+
+
+# -- preflight -----------------------------------------------------------------------------------
+def _check_function(function: Any) -> None:
+    if not callable(function):
+        raise TypeError(
+            f"notebook_launcher needs the function itself, but got a {type(function).__name__} "
+            "(did you call it?). Write notebook_launcher(train, args=(...)), "
+            "not notebook_launcher(train(...))."
+        )
+
+
+def _check_counts(n: Any, gpus: int, num_nodes: Any, node_rank: Any, master_port: Any) -> None:
+    for name, value in (("num_processes", n), ("num_nodes", num_nodes)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name}={value!r} must be an int, e.g. {name}=2")
+        if value < 1:
+            raise ValueError(f"{name}={value} must be at least 1")
+    if gpus and n > gpus:
+        raise ValueError(
+            f"num_processes={n} but this machine has {gpus} visible GPU(s): one worker per GPU. "
+            f"Use num_processes<={gpus}, or cpu=True to run {n} workers on the CPU."
+        )
+    if (
+        isinstance(node_rank, bool)
+        or not isinstance(node_rank, int)
+        or not 0 <= node_rank < num_nodes
+    ):
+        raise ValueError(f"node_rank={node_rank!r} must be an int in 0..{num_nodes - 1}")
+    if num_nodes > 1 and master_port is None:
+        raise ValueError(
+            "several nodes must agree on where to meet: pass the same master_addr (node 0's "
+            "address) and master_port (a free port on node 0) on every node"
+        )
+
+
+def _check_no_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        raise NbaccelError(
+            f"a torch.distributed process group is already alive in this kernel (rank "
+            f"{dist.get_rank()} of {dist.get_world_size()}). Workers create their own: call "
+            "torch.distributed.destroy_process_group() (or accelerator.end_training()) first."
+        )
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()  # asks the driver; does not initialise CUDA in torch
+
+
+def _threads_per_worker(local_workers: int) -> int:
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(int(os.environ["OMP_NUM_THREADS"]), 1)  # the user chose
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max((cores or 1) // local_workers, 1)
+
+
+def _serialize(function, args, kwargs) -> bytes:
+    import cloudpickle
+
+    def code_with_filename(code: types.CodeType):
+        # cloudpickle replaces the file name of code it sends by value with "<dynamic-code>";
+        # keeping the real one lets a worker's traceback point at the notebook cell.
+        rebuild, fields = cloudpickle.cloudpickle._code_reduce(code)
+        return rebuild, tuple(code.co_filename if f == "<dynamic-code>" else f for f in fields)
+
+    class Pickler(cloudpickle.Pickler):
+        dispatch_table: ClassVar = collections.ChainMap(
+            {types.CodeType: code_with_filename}, cloudpickle.Pickler.dispatch_table
+        )
+
+    buffer = io.BytesIO()
+    try:
+        Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump((function, tuple(args), kwargs))
+        return buffer.getvalue()
+    except Exception as err:
+        raise TypeError(
+            f"cannot send {getattr(function, '__name__', function)!r} and its arguments to the "
+            f"workers: {err}. Create unpicklable objects (open files, locks, CUDA tensors) "
+            "inside the function instead of passing them in."
+        ) from err
+
+
+_launch_lock = threading.Lock()  # process-wide: one launch at a time per kernel
+
+
+@contextmanager
+def _launch_slot():
+    if not _launch_lock.acquire(blocking=False):
+        raise NbaccelError("another notebook_launcher call is still running in this process")
+    try:
+        yield
+    finally:
+        _launch_lock.release()
+
+
+@contextmanager
+def _rendezvous(num_nodes: int, node_rank: int, master_port: int | None):
+    """Host the TCPStore on node 0; yield the port the workers meet on."""
+    if node_rank != 0:
+        yield master_port
+        return
+    import torch.distributed as dist
+
+    host = "127.0.0.1" if num_nodes == 1 else "0.0.0.0"  # loopback unless asked for more
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, master_port or 0))
+    except OSError as err:
+        sock.close()
+        raise NbaccelError(
+            f"cannot listen on {host}:{master_port}: {err.strerror}. Another job holds that port; "
+            "pick another master_port, or leave it out on one machine to get a free one."
+        ) from err
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    store = dist.TCPStore(
+        "127.0.0.1", port, is_master=True, master_listen_fd=sock.detach(), wait_for_workers=False
+    )
+    try:
+        yield port
+    finally:
+        del store  # closes the listening socket: the port is free again
+
+
+def _run_here(function, args, kwargs, env: dict[str, str]) -> Any:
+    """One process: run in this process, with the same environment and errors as workers."""
+    from .forkserver import _to_cpu
+
+    changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    saved = {k: os.environ.get(k) for k in changed}
+    os.environ.update(changed)
+    try:
+        return _to_cpu(function(*args, **kwargs))
+    except Exception as err:
+        failure = RankFailure(0, os.getpid(), None, type(err).__qualname__, str(err))
+        raise LaunchError(f"{failure.describe()} (traceback above)", [failure]) from err
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# -- the fork server, one per kernel -------------------------------------------------------------
+class ForkServer:
+    """The launcher's end of ``forkserver.py``: start workers, signal them, hear their exits."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "nbaccel.forkserver", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # Jupyter's interrupt signals the kernel, not the server
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+        )
+        theirs.close()
+        self.sock = ours
+        self.pending: list[dict] = []  # exit reports that arrived while waiting for "started"
+
+    def start(self, launch: int, specs: list[dict], fds: list[int]) -> list[int]:
+        from .forkserver import recv_message, send_message
+
+        send_message(self.sock, {"kind": "launch", "launch": launch, "workers": specs}, fds)
+        while True:
+            message, _ = recv_message(self.sock)
+            if message["kind"] == "started" and message["launch"] == launch:
+                return message["pids"]
+            self.pending.append(message)
+
+    def signal(self, launch: int, sig: int) -> None:
+        from .forkserver import send_message
+
+        send_message(self.sock, {"kind": "signal", "launch": launch, "signal": sig})
+
+    def receive(self) -> dict:
+        from .forkserver import recv_message
+
+        return self.pending.pop(0) if self.pending else recv_message(self.sock)[0]
+
+    def close(self) -> None:
+        self.sock.close()  # the server sees EOF, kills any workers, and exits
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+_servers: dict[int, ForkServer] = {}  # process-wide by design: one helper per kernel, by pid
+
+
+def _shared_server() -> ForkServer:
+    server = _servers.get(os.getpid())
+    if server is None or server.process.poll() is not None:
+        server = _servers[os.getpid()] = ForkServer()
+    return server
+
+
+@atexit.register
+def _close_servers() -> None:
+    server = _servers.pop(os.getpid(), None)
+    if server is not None:
+        server.close()
+
+
+# -- one launch ----------------------------------------------------------------------------------
+_launch_ids = itertools.count()
+
+
+@dataclass
+class _Rank:
+    rank: int
+    out: int  # read ends of the worker's stdout and stderr pipes
+    err: int
+    channel: Connection
+    pid: int | None = None
+    exit_code: int | None = None
+    result: bytes | None = None
+    error: dict | None = None
+    stopped_by_us: bool = False
+    partial: dict[int, bytes] = field(default_factory=dict)
+
+
+class _Launch:
+    def __init__(self, start_method, envs, threads, payload, timeout, output) -> None:
+        self.start_method, self.envs, self.threads = start_method, envs, threads
+        self.payload, self.timeout, self.output = payload, timeout, output
+        self.id = next(_launch_ids)
+        self.ranks: list[_Rank] = []
+        self.failed_order: list[int] = []
+        self.stopping_since: float | None = None
+        self.killed = False
+        self.timed_out = False
+        self.server_died = False
+
+    def run(self) -> list[Any]:
+        server = _shared_server() if self.start_method == "forkserver" else ForkServer()
+        try:
+            self._start(server)
+            try:
+                self._supervise(server)
+            except KeyboardInterrupt:
+                self._stop(server)
+                self._supervise(server)
+                raise
+            return self._outcome()
+        finally:
+            self._finish(server)
+
+    def _start(self, server: ForkServer) -> None:
+        specs, worker_fds = [], []
+        for rank, env in enumerate(self.envs):
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            ours, theirs = socket.socketpair()
+            self.ranks.append(_Rank(int(env["RANK"]), out_r, err_r, Connection(ours.detach())))
+            worker_fds += [out_w, err_w, theirs.detach()]
+            specs.append(
+                {
+                    "env": env,
+                    "cwd": os.getcwd(),
+                    "sys_path": list(sys.path),
+                    "threads": self.threads,
+                    "local_rank": rank,
+                }
+            )
+        try:
+            pids = server.start(self.id, specs, worker_fds)
+        finally:
+            for fd in worker_fds:
+                os.close(fd)
+        for r, pid in zip(self.ranks, pids, strict=True):
+            r.pid = pid
+            try:
+                r.channel.send_bytes(self.payload)
+            except OSError:
+                pass  # it died already; its exit report says how
+
+    def _supervise(self, server: ForkServer) -> None:
+        """Relay output and messages until every worker has exited; stop them all on failure."""
+        selector = selectors.DefaultSelector()
+        for r in self.ranks:
+            for fd in (r.out, r.err):
+                if fd >= 0:
+                    selector.register(fd, selectors.EVENT_READ, (r, fd))
+            if not r.channel.closed:
+                selector.register(r.channel, selectors.EVENT_READ, (r, "channel"))
+        selector.register(server.sock, selectors.EVENT_READ, (None, "server"))
+        started = time.monotonic()
+        drain_until = None
+        try:
+            while True:
+                now = time.monotonic()
+                if all(r.exit_code is not None for r in self.ranks):
+                    drain_until = drain_until or now + 1.0  # late output from a dying process
+                    if now > drain_until or not self._open_streams(selector):
+                        return
+                if (
+                    self.timeout is not None
+                    and now - started > self.timeout
+                    and not self.stopping_since
+                ):
+                    self.timed_out = True
+                    self._stop(server)
+                if (
+                    self.stopping_since
+                    and not self.killed
+                    and now - self.stopping_since > GRACE_SECONDS
+                ):
+                    server.signal(self.id, signal.SIGKILL)
+                    self.killed = True
+                while server.pending:
+                    self._on_server(server.pending.pop(0), server)
+                for key, _ in selector.select(timeout=0.1):
+                    rank, what = key.data
+                    if what == "server":
+                        try:
+                            self._on_server(server.receive(), server)
+                        except (EOFError, OSError):
+                            selector.unregister(server.sock)
+                            self._on_server_death()
+                    elif what == "channel":
+                        self._on_channel(rank, selector, server)
+                    else:
+                        self._on_output(rank, what, selector)
+        finally:
+            selector.close()
+
+    def _open_streams(self, selector) -> bool:
+        return any(isinstance(key.data[1], int) for key in selector.get_map().values())
+
+    def _on_server(self, message: dict, server: ForkServer) -> None:
+        if message["kind"] != "exited":
+            return
+        for r in self.ranks:
+            if r.pid == message["pid"] and r.exit_code is None:
+                r.exit_code = message["code"]
+                if r.exit_code != 0 or r.result is None:
+                    self._fail(r, server)
+
+    def _on_server_death(self) -> None:
+        self.server_died = True
+        for r in self.ranks:
+            if r.exit_code is None:
+                r.exit_code = -signal.SIGKILL
+
+    def _on_channel(self, r: _Rank, selector, server: ForkServer) -> None:
+        try:
+            message = pickle.loads(r.channel.recv_bytes())
+        except (EOFError, OSError):
+            selector.unregister(r.channel)
+            return
+        if message["kind"] == "result":
+            r.result = message["value"]
+        elif message["kind"] == "error":
+            r.error = message
+            self._fail(r, server)
+
+    def _on_output(self, r: _Rank, fd: int, selector) -> None:
+        data = os.read(fd, 65536)
+        buffered = r.partial.get(fd, b"") + data
+        *lines, rest = buffered.split(b"\n")
+        if not data:  # EOF: print what is left, stop watching
+            selector.unregister(fd)
+            lines, rest = ([rest] if rest else []), b""
+        r.partial[fd] = rest
+        if self.output == "main" and r.rank != 0:
+            return
+        stream = sys.stdout if fd == r.out else sys.stderr
+        for line in lines:
+            print(f"[rank {r.rank}] {line.decode(errors='replace')}", file=stream)
+        if lines:
+            stream.flush()
+
+    def _fail(self, r: _Rank, server: ForkServer) -> None:
+        if r.rank not in self.failed_order:
+            self.failed_order.append(r.rank)
+        self._stop(server)
+
+    def _stop(self, server: ForkServer) -> None:
+        if self.stopping_since is not None:
+            return
+        self.stopping_since = time.monotonic()
+        for r in self.ranks:
+            if r.exit_code is None and r.rank not in self.failed_order:
+                r.stopped_by_us = True
+        try:
+            server.signal(self.id, signal.SIGTERM)
+        except OSError:
+            self._on_server_death()
+
+    def _outcome(self) -> list[Any]:
+        import cloudpickle
+
+        if not self.failed_order and not self.timed_out and not self.server_died:
+            return [cloudpickle.loads(r.result) for r in self.ranks]
+        failures = self._failures()
+        if self.timed_out and not any(f.exc_type for f in failures if not f.secondary):
+            late = [r.rank for r in self.ranks if r.stopped_by_us]
+            raise LaunchError(
+                f"timeout: ranks {late} had not finished after {self.timeout} s and were stopped. "
+                "A rank stuck in a collective usually means another rank skipped it.",
+                failures,
+            ) from None
+        if self.server_died and not failures:
+            raise LaunchError("nbaccel's fork server died; the next launch starts a new one")
+        root = failures[0]
+        lines = [root.describe()]
+        if root.traceback:
+            header = f"Traceback on rank {root.rank} (most recent call last):"
+            text = root.traceback.replace("Traceback (most recent call last):", header)
+            lines += ["", text.rstrip()]
+        others = [
+            f.describe() + (" (stopped by nbaccel)" if self._by_us(f) else "") for f in failures[1:]
+        ]
+        if others:
+            lines += ["", "Other ranks:"] + [f"  {o}" for o in others]
+        raise LaunchError("\n".join(lines), failures) from None
+
+    def _by_us(self, f: RankFailure) -> bool:
+        return any(r.rank == f.rank and r.stopped_by_us for r in self.ranks)
+
+    def _failures(self) -> list[RankFailure]:
+        failures = []
+        for r in self.ranks:
+            if r.error is not None:
+                exc = r.error["exception"]
+                failures.append(
+                    RankFailure(
+                        r.rank,
+                        r.pid,
+                        r.exit_code,
+                        exc["type"],
+                        exc["message"],
+                        format_exception(exc),
+                        secondary=r.error["collective"],
+                    )
+                )
+            elif r.exit_code not in (0, None) or (r.exit_code == 0 and r.result is None):
+                note = "without returning a result" if r.exit_code == 0 else ""
+                failures.append(
+                    RankFailure(r.rank, r.pid, r.exit_code, message=note, secondary=r.stopped_by_us)
+                )
+        order = {rank: i for i, rank in enumerate(self.failed_order)}
+
+        def priority(f: RankFailure):
+            # real errors first, then hard deaths, then ranks that only lost a peer or that we
+            # stopped; ties broken by the order in which the failures arrived
+            return (
+                f.secondary or self._by_us(f),
+                f.exc_type is None,
+                order.get(f.rank, len(order)),
+                f.rank,
+            )
+
+        return sorted(failures, key=priority)
+
+    def _finish(self, server: ForkServer) -> None:
+        if any(r.exit_code is None for r in self.ranks):  # an error inside the launcher itself
+            try:
+                server.signal(self.id, signal.SIGKILL)
+            except OSError:
+                pass
+        for r in self.ranks:
+            for fd in (r.out, r.err):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            r.channel.close()
+        if self.start_method == "spawn":
+            server.close()
+
+
+def format_exception(exc: dict) -> str:
+    """A worker's exception (plain data) as Python prints it, with source lines filled in here.
+
+    Functions defined in notebook cells have their source in this kernel's line cache, not in
+    the worker's, so the lines are looked up on this side.
+    """
+    parts = []
+    if exc.get("cause"):
+        parts += [
+            format_exception(exc["cause"]),
+            "\nThe above exception was the direct cause of the following exception:\n\n",
+        ]
+    elif exc.get("context"):
+        parts += [
+            format_exception(exc["context"]),
+            "\nDuring handling of the above exception, another exception occurred:\n\n",
+        ]
+    frames = [
+        (filename, lineno, name, line or linecache.getline(filename, lineno or 0).strip())
+        for filename, lineno, name, line in exc["frames"]
+    ]
+    name = (
+        exc["type"]
+        if exc["module"] in ("builtins", "__main__")
+        else f"{exc['module']}.{exc['type']}"
+    )
+    parts.append("Traceback (most recent call last):\n")
+    parts += traceback.StackSummary.from_list(frames).format()
+    parts.append(f"{name}: {exc['message']}\n" if exc["message"] else f"{name}\n")
+    return "".join(parts)
