@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 
 from . import checkpoint
 from .data import LoopState, PreparedDataLoader, shard_dataloader
-from .env import MIXED_PRECISION_VAR, DistEnv, backend_for, choose_device
+from .env import CPU_VAR, MIXED_PRECISION_VAR, DistEnv, backend_for, choose_device
 from .precision import MixedPrecision, Precision, check_mode
 
 logger = logging.getLogger(__name__)
@@ -51,14 +51,15 @@ class Accelerator:
             (``nbaccel launch --mixed-precision``, ``notebook_launcher(mixed_precision=...)``),
             else ``"no"``.
         gradient_accumulation_steps: micro-batches per optimizer step inside ``accumulate``.
-        cpu: use the CPU even when a GPU is present.
+        cpu: use the CPU even when a GPU is present; ``None`` takes the launch default
+            (``nbaccel launch --cpu``, ``notebook_launcher(cpu=True)``), else False.
     """
 
     def __init__(
         self,
         mixed_precision: MixedPrecision | None = None,
         gradient_accumulation_steps: int = 1,
-        cpu: bool = False,
+        cpu: bool | None = None,
     ) -> None:
         if mixed_precision is None:
             mixed_precision = os.environ.get(MIXED_PRECISION_VAR) or "no"  # type: ignore[assignment]
@@ -76,6 +77,8 @@ class Accelerator:
                 "int; use 1 to step the optimizer on every batch."
             )
         self.env = DistEnv.from_environ()
+        if cpu is None:
+            cpu = os.environ.get(CPU_VAR) == "1"
         self.device = choose_device(self.env.local_rank, cpu=cpu)
         self._owns_process_group = False
         if self.env.is_distributed and not dist.is_initialized():

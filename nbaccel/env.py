@@ -21,6 +21,7 @@ import torch
 
 #: Launch defaults travel to workers in the environment, so ``Accelerator()`` needs no arguments.
 MIXED_PRECISION_VAR = "NBACCEL_MIXED_PRECISION"
+CPU_VAR = "NBACCEL_CPU"  # "1": use the CPU even where GPUs are visible
 
 # (rank, local rank, world size, local world size): torchrun's names first, then SLURM's.
 _SCHEMES = (

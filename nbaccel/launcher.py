@@ -55,6 +55,7 @@ from multiprocessing.connection import Connection
 from typing import Any, ClassVar, Literal
 
 from .config import load_config
+from .env import CPU_VAR, MIXED_PRECISION_VAR
 from .errors import LaunchError, NbaccelError, RankFailure
 from .precision import check_mode
 
@@ -128,8 +129,8 @@ def notebook_launcher(
     world_size = num_processes * num_nodes
     threads = _threads_per_worker(num_processes)
     defaults = {
-        "NBACCEL_MIXED_PRECISION": mixed_precision,
-        "NBACCEL_CPU": "1" if cpu else "0",
+        MIXED_PRECISION_VAR: mixed_precision,
+        CPU_VAR: "1" if cpu else "0",
         "OMP_NUM_THREADS": str(threads),
         "TORCHELASTIC_USE_AGENT_STORE": "True",  # the store below is the rendezvous
     }
