@@ -20,7 +20,7 @@ def leaves_nothing_behind():
     leftover = [
         p
         for p in psutil.Process().children(recursive=True)
-        if p.pid not in children and not _is_resource_tracker(p)
+        if p.pid not in children and not _is_long_lived_helper(p)
     ]
     # Exited children may take a moment to be reaped; anything still running is a leak.
     _, alive = psutil.wait_procs(leftover, timeout=5)
@@ -34,9 +34,11 @@ def _environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ignored}
 
 
-def _is_resource_tracker(process: psutil.Process) -> bool:
-    """Python's multiprocessing keeps one helper per interpreter for its whole life."""
+def _is_long_lived_helper(process: psutil.Process) -> bool:
+    """Helpers meant to live as long as this interpreter: multiprocessing's resource tracker,
+    and nbaccel's fork server (one per launching process). Their workers are not exempt."""
     try:
-        return "multiprocessing.resource_tracker" in " ".join(process.cmdline())
+        command = " ".join(process.cmdline())
     except psutil.NoSuchProcess:
         return False
+    return "multiprocessing.resource_tracker" in command or "-m nbaccel.forkserver" in command
