@@ -1,0 +1,97 @@
+"""A real Jupyter kernel (ipykernel, driven by jupyter_client) for notebook-path tests."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import psutil
+from jupyter_client.manager import start_new_kernel
+
+
+@dataclass
+class Result:
+    stdout: str = ""
+    stderr: str = ""
+    value: str | None = None
+    error: dict | None = None  # ename, evalue, traceback
+    images: list[str] = field(default_factory=list)
+
+
+class Kernel:
+    def __init__(self, cwd: str) -> None:
+        self.manager, self.client = start_new_kernel(kernel_name="python3", cwd=cwd)
+        self.pid = self.manager.provisioner.process.pid
+
+    def run(self, code: str, timeout: float = 120) -> Result:
+        result = Result()
+        reply = self.client.execute_interactive(
+            code, timeout=timeout, output_hook=lambda msg: _collect(msg, result)
+        )
+        assert reply["content"]["status"] in ("ok", "error")
+        return result
+
+    def start(self, code: str) -> str:
+        return self.client.execute(code)
+
+    def wait_for_output(self, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        seen = ""
+        while time.monotonic() < deadline:
+            try:
+                msg = self.client.get_iopub_msg(timeout=1)
+            except Exception:
+                continue
+            if msg["msg_type"] == "stream":
+                seen += msg["content"]["text"]
+                if text in seen:
+                    return
+        raise AssertionError(f"{text!r} never appeared; saw {seen!r}")
+
+    def finish(self, msg_id: str, timeout: float = 60) -> Result:
+        """Collect the outputs of a cell started with ``start`` until it is idle."""
+        result = Result()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.client.get_iopub_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            _collect(msg, result)
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return result
+        raise AssertionError("the cell never finished")
+
+    def workers(self) -> list[psutil.Process]:
+        """Every process below the kernel except the fork server itself."""
+        kernel = psutil.Process(self.pid)
+        return [p for p in kernel.children(recursive=True) if not _is_server(p)]
+
+    def servers(self) -> list[psutil.Process]:
+        return [p for p in psutil.Process(self.pid).children() if _is_server(p)]
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=False)  # lets atexit close the fork server
+
+
+def _is_server(process: psutil.Process) -> bool:
+    try:
+        return "nbaccel.forkserver" in " ".join(process.cmdline())
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _collect(msg: dict, result: Result) -> None:
+    kind, content = msg["msg_type"], msg["content"]
+    if kind == "stream":
+        if content["name"] == "stdout":
+            result.stdout += content["text"]
+        else:
+            result.stderr += content["text"]
+    elif kind == "error":
+        result.error = content
+    elif kind in ("execute_result", "display_data"):
+        if "image/png" in content["data"]:
+            result.images.append(content["data"]["image/png"])
+        if kind == "execute_result":
+            result.value = content["data"].get("text/plain")

@@ -1,0 +1,152 @@
+"""notebook_launcher inside a real Jupyter kernel: functions from cells, errors, interrupts.
+
+One kernel for the module (starting one takes seconds); every test ends by checking that no
+worker process is left below it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+from .kernel import Kernel
+
+pytestmark = pytest.mark.multiprocess
+
+TRAIN = """
+import os, time, torch
+from nbaccel import Accelerator, LaunchError, notebook_launcher
+
+class Scaler:                      # a class defined in a cell
+    def __init__(self, k):
+        self.k = k
+
+def train(scaler, fail_rank=None, how="raise"):
+    accelerator = Accelerator()
+    print(f"started on rank {accelerator.rank}")
+    if accelerator.rank == fail_rank:
+        if how == "raise":
+            raise ValueError(f"bad batch on rank {accelerator.rank}")
+        if how == "exit":
+            os._exit(7)
+        if how == "sleep":
+            time.sleep(600)
+    total = accelerator.reduce(torch.tensor([scaler.k * (accelerator.rank + 1.0)]))
+    accelerator.end_training()
+    return total.item()
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    kernel = Kernel(cwd=str(tmp_path_factory.mktemp("kernel")))
+    kernel.run(TRAIN)
+    yield kernel
+    servers = kernel.servers()
+    kernel.shutdown()
+    _, alive = psutil.wait_procs(servers, timeout=15)
+    assert not alive, "the fork server outlived its kernel"
+
+
+@pytest.fixture(autouse=True)
+def no_workers_left(kernel):
+    yield
+    _, alive = psutil.wait_procs(kernel.workers(), timeout=10)
+    assert not alive, f"workers left behind: {alive}"
+
+
+def test_a_function_defined_in_a_cell_runs_on_two_workers(kernel):
+    out = kernel.run("notebook_launcher(train, args=(Scaler(2.0),), num_processes=2)")
+    assert out.error is None, out.error
+    assert out.value == "6.0"
+    assert "[rank 0] started on rank 0" in out.stdout
+    assert "[rank 1] started on rank 1" in out.stdout
+
+
+def test_a_rank_1_exception_shows_its_traceback_in_the_cell(kernel):
+    out = kernel.run("notebook_launcher(train, args=(Scaler(1.0), 1), num_processes=2)")
+    assert out.error["ename"] == "LaunchError"
+    message = out.error["evalue"]
+    assert message.startswith("rank 1 (pid")
+    assert "raised ValueError: bad batch on rank 1" in message
+    assert 'raise ValueError(f"bad batch on rank {accelerator.rank}")' in message  # cell source
+    again = kernel.run("notebook_launcher(train, args=(Scaler(1.0),), num_processes=2)")
+    assert again.value == "3.0"  # the next launch in the same kernel works
+
+
+def test_a_hard_exit_is_reported_then_the_kernel_launches_again(kernel):
+    out = kernel.run("notebook_launcher(train, args=(Scaler(1.0), 0, 'exit'), num_processes=2)")
+    assert out.error["ename"] == "LaunchError"
+    assert "rank 0 (pid" in out.error["evalue"] and "exited with code 7" in out.error["evalue"]
+    assert (
+        kernel.run("notebook_launcher(train, args=(Scaler(1.0),), num_processes=2)").value == "3.0"
+    )
+
+
+def test_launch_after_the_kernel_trained_with_two_threads_per_worker(kernel):
+    code = """
+torch.set_num_threads(2)
+m, x = torch.nn.Linear(256, 256), torch.randn(512, 256)
+for _ in range(20):
+    m(x).sum().backward()
+os.environ["OMP_NUM_THREADS"] = "2"
+try:
+    result = notebook_launcher(train, args=(Scaler(1.0),), num_processes=2, timeout=120)
+finally:
+    del os.environ["OMP_NUM_THREADS"]
+result
+"""
+    out = kernel.run(code)
+    assert out.error is None, out.error
+    assert out.value == "3.0"
+
+
+def test_interrupt_stops_the_workers_and_keeps_the_kernel(kernel):
+    msg_id = kernel.start(
+        "notebook_launcher(train, args=(Scaler(1.0), 1, 'sleep'), num_processes=2)"
+    )
+    kernel.wait_for_output("[rank 1] started on rank 1")
+    started = time.monotonic()
+    kernel.manager.interrupt_kernel()  # Jupyter's stop button
+    out = kernel.finish(msg_id)
+    assert out.error["ename"] == "KeyboardInterrupt"
+    assert time.monotonic() - started < 15
+    assert (
+        kernel.run("notebook_launcher(train, args=(Scaler(1.0),), num_processes=2)").value == "3.0"
+    )
+
+
+SOAK = """
+import gc, psutil, threading
+me = psutil.Process()
+def sample():
+    gc.collect()
+    return me.memory_info().rss, me.num_fds(), threading.active_count()
+for i in range(5):  # warm up: the fork server, imports, caches
+    notebook_launcher(train, args=(Scaler(1.0),), num_processes=2)
+before = sample()
+failures = 0
+for i in range(50):
+    try:
+        notebook_launcher(train, args=(Scaler(1.0), 1 if i % 5 == 0 else None), num_processes=2)
+    except LaunchError:
+        failures += 1
+after = sample()
+print("SOAK", failures, (after[0] - before[0]) / 2**20, after[1] - before[1], after[2] - before[2])
+"""
+
+
+def test_fifty_launches_in_a_row_leak_nothing(kernel):
+    started = time.monotonic()
+    out = kernel.run(SOAK, timeout=600)
+    assert out.error is None, out.error
+    failures, rss_mib, fds, threads = out.stdout.split("SOAK")[1].split()
+    print(
+        f"50 launches in {time.monotonic() - started:.1f} s: kernel RSS {float(rss_mib):+.1f} "
+        f"MiB, fds {fds}, threads {threads}"
+    )
+    assert int(failures) == 10
+    assert int(fds) <= 0 and int(threads) <= 0
+    assert float(rss_mib) < 20, f"kernel memory grew by {rss_mib} MiB over 50 launches"
