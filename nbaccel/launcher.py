@@ -398,7 +398,14 @@ class _Launch:
     def run(self) -> list[Any]:
         server = _shared_server() if self.start_method == "forkserver" else ForkServer()
         try:
-            self._start(server)
+            try:
+                self._start(server)
+            except (EOFError, OSError) as err:
+                raise LaunchError(
+                    f"nbaccel's fork server (pid {server.process.pid}) stopped while starting "
+                    f"the workers ({err}); its own error, if any, is in the kernel's log. The "
+                    "next launch starts a new server."
+                ) from err
             try:
                 self._supervise(server)
             except KeyboardInterrupt:
@@ -472,12 +479,12 @@ class _Launch:
                     server.signal(self.id, signal.SIGKILL)
                     self.killed = True
                 while server.pending:
-                    self._on_server(server.pending.pop(0), server)
+                    self._on_server(server.pending.pop(0), server, selector)
                 for key, _ in selector.select(timeout=0.1):
                     rank, what = key.data
                     if what == "server":
                         try:
-                            self._on_server(server.receive(), server)
+                            self._on_server(server.receive(), server, selector)
                         except (EOFError, OSError):
                             selector.unregister(server.sock)
                             self._on_server_death()
@@ -491,12 +498,15 @@ class _Launch:
     def _open_streams(self, selector) -> bool:
         return any(isinstance(key.data[1], int) for key in selector.get_map().values())
 
-    def _on_server(self, message: dict, server: ForkServer) -> None:
+    def _on_server(self, message: dict, server: ForkServer, selector) -> None:
         if message["kind"] != "exited":
             return
         for r in self.ranks:
             if r.pid == message["pid"] and r.exit_code is None:
                 r.exit_code = message["code"]
+                # What it sent before exiting is already in the socket: read it before judging.
+                while r.channel in _watched(selector) and r.channel.poll(0):
+                    self._on_channel(r, selector, server)
                 if r.exit_code != 0 or r.result is None:
                     self._fail(r, server)
 
@@ -632,6 +642,10 @@ class _Launch:
             r.channel.close()
         if self.start_method == "spawn":
             server.close()
+
+
+def _watched(selector) -> list:
+    return [key.fileobj for key in selector.get_map().values()]
 
 
 def format_exception(exc: dict) -> str:

@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -266,3 +267,29 @@ def test_a_process_group_alive_in_the_parent(tmp_path):
             notebook_launcher(print, num_processes=2)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_dead_fork_server_is_replaced_or_named(monkeypatch):
+    from nbaccel import launcher
+
+    def work():
+        return os.getppid()  # the worker's parent: the fork server
+
+    first = notebook_launcher(work, num_processes=2)
+    os.kill(first, signal.SIGKILL)  # died between launches: quietly replaced
+    psutil.Process(first).wait(timeout=10)
+    second = notebook_launcher(work, num_processes=2)
+    assert second != first
+
+    start = launcher.ForkServer.start
+
+    def dies_while_starting(self, *args):
+        self.process.kill()
+        self.process.wait()
+        return start(self, *args)
+
+    monkeypatch.setattr(launcher.ForkServer, "start", dies_while_starting)
+    with pytest.raises(LaunchError, match=r"fork server \(pid \d+\) stopped while starting"):
+        notebook_launcher(work, num_processes=2)
+    monkeypatch.undo()
+    assert notebook_launcher(work, num_processes=2) not in (first, second)
