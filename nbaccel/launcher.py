@@ -134,6 +134,9 @@ def notebook_launcher(
         "OMP_NUM_THREADS": str(threads),
         "TORCHELASTIC_USE_AGENT_STORE": "True",  # the store below is the rendezvous
     }
+    loopback = _loopback_interface() if num_nodes == 1 else None
+    if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
+        defaults["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
     with _launch_slot(), _rendezvous(num_nodes, node_rank, master_port) as port:
         common = {**os.environ, **defaults, "MASTER_ADDR": master_addr, "MASTER_PORT": str(port)}
         envs = [
@@ -204,6 +207,16 @@ def _visible_gpus() -> int:
     import torch
 
     return torch.cuda.device_count()  # asks the driver; does not initialise CUDA in torch
+
+
+def _loopback_interface() -> str | None:
+    """The network interface that holds 127.0.0.1 ("lo" on Linux, "lo0" on macOS)."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
+            return name
+    return None
 
 
 def _threads_per_worker(local_workers: int) -> int:

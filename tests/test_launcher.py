@@ -69,6 +69,20 @@ def test_workers_get_the_launch_environment(monkeypatch):
     assert env[0]["cwd"] == os.getcwd()
 
 
+def test_single_node_sockets_listen_on_loopback_only():
+    def listening():
+        from nbaccel import Accelerator
+
+        accelerator = Accelerator()
+        accelerator.reduce(torch.ones(1))  # gloo's connections are up
+        sockets = psutil.Process().net_connections(kind="inet")
+        accelerator.end_training()
+        return [c.laddr.ip for c in sockets if c.status == psutil.CONN_LISTEN]
+
+    for addresses in notebook_launcher(listening, num_processes=2, return_all=True):
+        assert addresses and all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip in addresses)
+
+
 def test_prints_arrive_whole_and_prefixed_with_the_rank(capfd):
     def chatty():
         rank = int(os.environ["RANK"])
