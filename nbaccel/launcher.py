@@ -50,7 +50,7 @@ import traceback
 import types
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from typing import Any, ClassVar, Literal
 
@@ -392,7 +392,7 @@ class _Rank:
     exit_code: int | None = None
     result: bytes | None = None
     error: dict | None = None
-    stopped_by_us: bool = False
+    signaled: bool = False  # still running when the launch began to stop the workers
     partial: dict[int, bytes] = field(default_factory=dict)
 
 
@@ -568,7 +568,7 @@ class _Launch:
         self.stopping_since = time.monotonic()
         for r in self.ranks:
             if r.exit_code is None and r.rank not in self.failed_order:
-                r.stopped_by_us = True
+                r.signaled = True
         try:
             server.signal(self.id, signal.SIGTERM)
         except OSError:
@@ -581,7 +581,7 @@ class _Launch:
             return [cloudpickle.loads(r.result) for r in self.ranks]
         failures = self._failures()
         if self.timed_out and not any(f.exc_type for f in failures if not f.secondary):
-            late = [r.rank for r in self.ranks if r.stopped_by_us]
+            late = [r.rank for r in self.ranks if r.signaled]
             raise LaunchError(
                 f"timeout: ranks {late} had not finished after {self.timeout} s and were stopped. "
                 "A rank stuck in a collective usually means another rank skipped it.",
@@ -603,7 +603,10 @@ class _Launch:
         raise LaunchError("\n".join(lines), failures) from None
 
     def _by_us(self, f: RankFailure) -> bool:
-        return any(r.rank == f.rank and r.stopped_by_us for r in self.ranks)
+        """Died of our SIGTERM, or of our SIGKILL once we sent one (not of its own doing)."""
+        r = next(r for r in self.ranks if r.rank == f.rank)
+        ours = {-signal.SIGTERM} | ({-signal.SIGKILL} if self.killed else set())
+        return r.signaled and r.exit_code in ours
 
     def _failures(self) -> list[RankFailure]:
         failures = []
@@ -623,16 +626,15 @@ class _Launch:
                 )
             elif r.exit_code not in (0, None) or (r.exit_code == 0 and r.result is None):
                 note = "without returning a result" if r.exit_code == 0 else ""
-                failures.append(
-                    RankFailure(r.rank, r.pid, r.exit_code, message=note, secondary=r.stopped_by_us)
-                )
+                failures.append(RankFailure(r.rank, r.pid, r.exit_code, message=note))
+        failures = [replace(f, secondary=f.secondary or self._by_us(f)) for f in failures]
         order = {rank: i for i, rank in enumerate(self.failed_order)}
 
         def priority(f: RankFailure):
             # real errors first, then hard deaths, then ranks that only lost a peer or that we
             # stopped; ties broken by the order in which the failures arrived
             return (
-                f.secondary or self._by_us(f),
+                f.secondary,
                 f.exc_type is None,
                 order.get(f.rank, len(order)),
                 f.rank,

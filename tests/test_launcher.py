@@ -307,3 +307,27 @@ def test_a_dead_fork_server_is_replaced_or_named(monkeypatch):
         notebook_launcher(work, num_processes=2)
     monkeypatch.undo()
     assert notebook_launcher(work, num_processes=2) not in (first, second)
+
+
+def test_the_root_cause_is_the_rank_that_died_not_the_one_that_lost_it():
+    """Rank 1 dies of SIGKILL; rank 0's all-reduce fails first, then rank 1's exit arrives."""
+    from nbaccel.launcher import _Launch, _Rank
+
+    launch = _Launch("forkserver", [], 1, b"", None, "all")
+    lost_peer = {
+        "exception": {
+            "type": "RuntimeError",
+            "module": "builtins",
+            "frames": [],
+            "message": "gloo: Connection closed by peer",
+            "cause": None,
+            "context": None,
+        },
+        "collective": True,
+    }
+    rank0 = _Rank(0, -1, -1, None, pid=10, exit_code=1, error=lost_peer)
+    rank1 = _Rank(1, -1, -1, None, pid=11, exit_code=-signal.SIGKILL, signaled=True)
+    launch.ranks, launch.failed_order = [rank0, rank1], [0, 1]
+    assert [f.rank for f in launch._failures()] == [1, 0]
+    launch.killed = True  # had we sent SIGKILL ourselves, rank 1 would be our doing
+    assert [f.rank for f in launch._failures()] == [0, 1]
