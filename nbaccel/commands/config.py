@@ -1,0 +1,130 @@
+"""``nbaccel config``: write the defaults that ``nbaccel launch`` and ``notebook_launcher`` read.
+
+Asks three questions (the current value in brackets; Enter keeps it), or takes the answers as
+flags, or writes the built-in defaults with ``--default``. ``nbaccel config show`` prints the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from typing import TypeVar
+
+from ..config import LaunchConfig, config_path, load_config, save_config
+from ..precision import MODES
+from . import CommandError, UsageError, positive_int, saved_config
+
+T = TypeVar("T")
+WHERE = (
+    "The file is $NBACCEL_CONFIG if set, else $XDG_CONFIG_HOME/nbaccel/config.json, else "
+    "~/.config/nbaccel/config.json (here: {path})."
+)
+
+
+def config_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "config",
+        help="set the defaults for launches (processes, mixed precision, cpu)",
+        description="Write the defaults that `nbaccel launch` and notebook_launcher read: "
+        "interactively, or from the flags below. " + WHERE.format(path=config_path()),
+    )
+    parser.add_argument("action", nargs="?", choices=["show"], help="print the file and its path")
+    parser.add_argument("--default", action="store_true", help="write the built-in defaults")
+    parser.add_argument(
+        "--num-processes", type=processes, help='per machine; "auto": one per GPU, else 1'
+    )
+    parser.add_argument("--mixed-precision", choices=MODES, help="the default for Accelerator()")
+    parser.add_argument(
+        "--cpu", action=argparse.BooleanOptionalAction, help="use the CPU even if there are GPUs"
+    )
+    parser.set_defaults(func=config_command)
+    return parser
+
+
+def config_command(args: argparse.Namespace) -> int:
+    flags = {
+        "num_processes": args.num_processes,
+        "mixed_precision": args.mixed_precision,
+        "cpu": args.cpu,
+    }
+    given = {k: (None if v == "auto" else v) for k, v in flags.items() if v is not None}
+    if args.action == "show":
+        if given or args.default:
+            raise UsageError("`nbaccel config show` takes no other arguments")
+        return show()
+    if given or args.default:
+        config = replace(LaunchConfig() if args.default else saved_config(), **given)
+    else:
+        config = ask_all(current())
+    path = save_config(config)
+    print(f"Wrote {path}:\n{render(config)}")
+    return 0
+
+
+def show() -> int:
+    path = config_path()
+    if not path.is_file():
+        print(f"{path} (no file yet: the built-in defaults apply)\n{render(LaunchConfig())}")
+        return 0
+    print(f"{path}\n{path.read_text().rstrip()}")
+    saved_config()  # says what is wrong with the file, if anything
+    return 0
+
+
+def current() -> LaunchConfig:
+    try:
+        return load_config()
+    except ValueError as err:
+        print(f"{err}\nStarting from the built-in defaults instead.")
+        return LaunchConfig()
+
+
+def ask_all(config: LaunchConfig) -> LaunchConfig:
+    print("Enter keeps the value in brackets. " + WHERE.format(path=config_path()))
+    n = ask(
+        "Processes per machine (a number, or auto: one per GPU, else 1)",
+        "auto" if config.num_processes is None else str(config.num_processes),
+        processes,
+    )
+    mixed = ask(f"Mixed precision ({', '.join(MODES)})", config.mixed_precision, mode)
+    cpu = ask("Use the CPU even if there are GPUs (yes/no)", "yes" if config.cpu else "no", yes_no)
+    return LaunchConfig(None if n == "auto" else n, mixed, cpu)  # type: ignore[arg-type]
+
+
+def ask(question: str, default: str, parse: Callable[[str], T]) -> T:
+    """Ask until the answer parses; an empty answer takes ``default``."""
+    while True:
+        try:
+            answer = input(f"{question} [{default}]: ").strip() or default
+        except EOFError:
+            print()  # ends the prompt's line
+            raise CommandError(
+                "no answer (stdin is closed or not a terminal). Run `nbaccel config --default`, "
+                "or give the values as flags: --num-processes 2 --mixed-precision bf16 --cpu"
+            ) from None
+        try:
+            return parse(answer)
+        except (ValueError, argparse.ArgumentTypeError) as err:
+            print(f"  {err}; try again.")
+
+
+def processes(text: str) -> int | str:
+    return "auto" if text.strip().lower() == "auto" else positive_int(text)
+
+
+def mode(text: str) -> str:
+    if text.lower() not in MODES:
+        raise ValueError(f"{text!r} is not one of {', '.join(MODES)}")
+    return text.lower()
+
+
+def yes_no(text: str) -> bool:
+    if text.lower() not in ("y", "yes", "n", "no"):
+        raise ValueError(f"{text!r} is not yes or no")
+    return text.lower().startswith("y")
+
+
+def render(config: LaunchConfig) -> str:
+    return json.dumps(asdict(config), indent=2)

@@ -1,0 +1,386 @@
+"""The ``nbaccel`` console script, driven as a user drives it: in a subprocess.
+
+Each test points ``NBACCEL_CONFIG`` at a file under its own ``tmp_path`` through the child's
+environment, so no test reads or writes the real config and ``os.environ`` here stays as it was.
+Timeouts catch hangs, not slowness: a loaded 2-core box takes seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from nbaccel.cli import main
+from nbaccel.commands import UsageError
+from nbaccel.commands import test as sanity
+from nbaccel.commands.launch import check_gpus, torchrun_command
+from nbaccel.commands.torchrun import RunOutcome
+from nbaccel.env import find_free_port
+from nbaccel.errors import NbaccelError
+
+TIMEOUT = 180
+NBACCEL = [sys.executable, "-m", "nbaccel.cli"]
+
+ALL_REDUCE = """
+import sys
+import torch
+from nbaccel import Accelerator
+
+accelerator = Accelerator()
+total = accelerator.reduce(torch.tensor([accelerator.rank + 1.0]))
+print(f"rank {accelerator.rank} of {accelerator.num_processes}: sum {total.item():.0f}, "
+      f"{accelerator.mixed_precision} on {accelerator.device}, args {sys.argv[1:]}", flush=True)
+accelerator.end_training()
+"""
+RANK_1_RAISES = """
+import os, time
+if os.environ["RANK"] == "1":
+    raise RuntimeError("rank 1 broke on purpose")
+time.sleep(120)  # rank 0 waits until torchrun stops it
+"""
+WAITS = """
+import os, pathlib, sys, time
+pathlib.Path(sys.argv[1], os.environ["RANK"]).write_text(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    return tmp_path / "config" / "nbaccel.json"
+
+
+def nbaccel(config: Path, *args: str, stdin: str = "", command=NBACCEL):
+    env = {**os.environ, "NBACCEL_CONFIG": str(config)}
+    return subprocess.run(
+        [*command, *args], env=env, input=stdin, capture_output=True, text=True, timeout=TIMEOUT
+    )
+
+
+def script(tmp_path: Path, source: str) -> str:
+    path = tmp_path / "script.py"
+    path.write_text(source)
+    return str(path)
+
+
+# -- launch ------------------------------------------------------------------------------------
+@pytest.mark.multiprocess
+def test_launch_runs_two_ranks_with_config_defaults_and_flags(tmp_path, config):
+    config.parent.mkdir()
+    config.write_text(json.dumps({"num_processes": 2, "mixed_precision": "fp16", "cpu": True}))
+    path = script(tmp_path, ALL_REDUCE)
+    done = nbaccel(config, "launch", "--mixed-precision", "bf16", path, "--lr", "3", "-n", "5")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):  # 2 from the config; bf16 from the flag; -n after SCRIPT is the script's
+        line = f"rank {rank} of 2: sum 3, bf16 on cpu, args ['--lr', '3', '-n', '5']"
+        assert line in done.stdout, done.stdout
+
+
+@pytest.mark.multiprocess
+def test_two_nodes_meet_at_the_master_address(tmp_path, config):
+    path, port = script(tmp_path, ALL_REDUCE), str(find_free_port())
+    env = {**os.environ, "NBACCEL_CONFIG": str(config)}
+
+    def node(rank: str) -> subprocess.Popen:
+        command = ["--num-nodes", "2", "--node-rank", rank, "--master-addr", "127.0.0.1"]
+        command = [*NBACCEL, "launch", "--cpu", "-n", "1", *command, "--master-port", port, path]
+        return subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    nodes = [node(rank) for rank in "01"]
+    try:
+        outputs = [node.communicate(timeout=TIMEOUT) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+    for rank, (node, (out, err)) in enumerate(zip(nodes, outputs, strict=True)):
+        assert node.returncode == 0, err[-3000:]
+        assert f"rank {rank} of 2: sum 3, no on cpu" in out
+
+
+@pytest.mark.multiprocess
+def test_a_failed_rank_is_named_with_its_exit_code(tmp_path, config):
+    done = nbaccel(config, "launch", "-n", "2", "--cpu", script(tmp_path, RANK_1_RAISES))
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "RuntimeError: rank 1 broke on purpose" in done.stderr  # torchrun's output shows
+    summary = done.stderr.strip().splitlines()[-1]
+    assert re.match(r"nbaccel launch: rank 1 on \S+ failed with exit code 1;", summary), summary
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("how", ["SIGTERM to nbaccel", "SIGINT to its whole group, no terminal"])
+def test_a_signal_ends_torchrun_and_every_worker(tmp_path, config, how):
+    command = [*NBACCEL, "launch", "-n", "2", "--cpu", script(tmp_path, WAITS), str(tmp_path)]
+    env = {**os.environ, "NBACCEL_CONFIG": str(config)}
+    launch = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL, start_new_session=True,  # its own group, as in a terminal
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not all((tmp_path / rank).exists() for rank in "01"):
+            assert launch.poll() is None, launch.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.2)
+        workers = []
+        for rank in "01":
+            pid = int((tmp_path / rank).read_text())
+            try:
+                workers.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        sig = signal.SIGTERM if how.startswith("SIGTERM") else signal.SIGINT
+        if sig == signal.SIGTERM:
+            launch.send_signal(sig)
+        else:
+            os.killpg(launch.pid, sig)
+        _, stderr = launch.communicate(timeout=TIMEOUT)
+        assert launch.returncode == 128 + sig, stderr[-3000:]
+        assert f"stopped by {sig.name}" in stderr
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, f"workers left running: {alive}"
+    finally:
+        if launch.poll() is None:
+            os.killpg(launch.pid, signal.SIGKILL)
+            launch.wait()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs util-linux's setsid --ctty")
+def test_ctrl_c_in_a_terminal_reaches_torchrun_once(tmp_path, config):
+    """A real terminal: Ctrl-C signals the whole foreground group, so nbaccel must not send
+    torchrun a second SIGINT, which would interrupt torchrun while it stops its workers."""
+    main_fd, terminal = os.openpty()
+    command = ["setsid", "--ctty", *NBACCEL, "launch", "-n", "2", "--cpu"]
+    launch = subprocess.Popen(
+        [*command, script(tmp_path, WAITS), str(tmp_path)],
+        env={**os.environ, "NBACCEL_CONFIG": str(config)},
+        stdin=terminal, stdout=terminal, stderr=terminal,
+    )  # fmt: skip
+    os.close(terminal)
+    output = bytearray()
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not all((tmp_path / rank).exists() for rank in "01"):
+            assert launch.poll() is None and time.monotonic() < deadline, output.decode()
+            _read_some(main_fd, output)
+        workers = [psutil.Process(int((tmp_path / rank).read_text())) for rank in "01"]
+        os.write(main_fd, b"\x03")  # Ctrl-C, as typed
+        while _read_some(main_fd, output) and time.monotonic() < deadline:
+            pass
+        assert launch.wait(timeout=TIMEOUT) == 128 + signal.SIGINT, output.decode()[-3000:]
+        assert "stopped by SIGINT" in output.decode()
+        # torchrun reports each signal it caught as "SignalException: Process N got signal: 2"
+        assert output.decode().count("SignalException: Process") == 1, output.decode()[-3000:]
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, f"workers left running: {alive}"
+    finally:
+        if launch.poll() is None:
+            os.killpg(launch.pid, signal.SIGKILL)
+            launch.wait()
+        os.close(main_fd)
+
+
+def _read_some(fd: int, into: bytearray) -> bool:
+    """Read what the terminal shows within 0.2 s; False once nothing holds it open any more."""
+    if select.select([fd], [], [], 0.2)[0]:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # Linux: EIO once every process closed the terminal
+            return False
+        into += chunk
+        return bool(chunk)
+    return True
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--mixed-precision", "fp32", "x.py"], "invalid choice: 'fp32'"),
+        (["-n", "0", "x.py"], "0 must be at least 1"),
+        (["-n", "two", "x.py"], "'two' is not a whole number"),
+        (["--num-nodes", "2", "x.py"], "--master-addr (node 0's address) and --master-port"),
+        (["--num-nodes", "2", "--master-port", "29500", "x.py"], "pass --master-addr (node 0"),
+        (["--num-nodes", "2", "--node-rank", "2", "x.py"], "--node-rank 2 must be in 0..1"),
+        (["--master-addr", "10.0.0.1", "x.py"], "--master-addr needs --master-port too"),
+        (["--master-port", "70000", "x.py"], "--master-port 70000 is not a port"),
+        (["missing.py"], "'missing.py' is not a file; for a module, add -m"),
+    ],
+)
+def test_bad_launch_arguments_exit_2_and_name_the_value(capsys, args, message):
+    with pytest.raises(SystemExit) as exit:
+        main(["launch", *args])
+    assert exit.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_console_script_exists_and_rejects_bad_input(config):
+    console = Path(sys.executable).with_name("nbaccel")
+    assert console.exists(), "reinstall nbaccel (`make test`, or pip install -e .)"
+    done = nbaccel(config, "launch", "--mixed-precision", "fp32", "x.py", command=[str(console)])
+    assert done.returncode == 2
+    assert "nbaccel launch: error: argument --mixed-precision: invalid choice: 'fp32'" in (
+        done.stderr
+    )
+
+
+def test_more_processes_than_gpus_says_use_fewer_or_cpu():
+    with pytest.raises(UsageError, match=r"has 1 visible GPU\(s\).*or --cpu to run 2"):
+        check_gpus(2, gpus=1)
+    check_gpus(2, gpus=0)  # CPU processes: any number
+
+
+def test_torchrun_command_line():
+    args = Namespace(
+        num_nodes=1, node_rank=0, master_addr=None, master_port=None, module=True,
+        script="pkg.train", script_args=["--lr", "3"],
+    )  # fmt: skip
+    assert torchrun_command(args, 2)[1:] == [
+        "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+        "-m", "pkg.train", "--lr", "3",
+    ]  # fmt: skip
+    args = Namespace(**{**vars(args), "num_nodes": 2, "node_rank": 1, "master_port": 29500})
+    assert torchrun_command(args, 4)[5:13] == [
+        "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", "29500"
+    ]  # fmt: skip
+
+
+def test_an_invalid_config_file_stops_a_launch_with_the_fix(tmp_path, config):
+    config.parent.mkdir()
+    config.write_text('{"num_processes": 0}')
+    done = nbaccel(config, "launch", script(tmp_path, ALL_REDUCE))
+    assert done.returncode == 1
+    assert "num_processes=0 must be a positive int" in done.stderr
+    assert "nbaccel config --default" in done.stderr
+
+
+ROOT_CAUSE = """
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-01-01_00:00:00
+  host      : node7
+  rank      : 3 (local_rank: 1)
+  exitcode  : {code} (pid: 4242)
+  error_file: <N/A>
+============================================================
+"""
+
+
+def test_the_summary_reads_torchruns_root_cause_block():
+    failed = RunOutcome(1, "noise\n" + ROOT_CAUSE.format(code=7))
+    assert failed.describe().startswith("rank 3 on node7 failed with exit code 7;")
+    killed = RunOutcome(1, ROOT_CAUSE.format(code=-9))
+    assert "rank 3 on node7 was killed by SIGKILL (exit code -9)" in killed.describe()
+    assert RunOutcome(2, "no block").describe() == (
+        "torchrun exited with code 2 (its output is above)."
+    )
+    assert (failed.exit_status, RunOutcome(-9).exit_status) == (1, 137)
+
+
+# -- config ------------------------------------------------------------------------------------
+def test_config_default_then_show(config):
+    done = nbaccel(config, "config", "show")
+    assert done.returncode == 0 and "no file yet" in done.stdout and str(config) in done.stdout
+    assert nbaccel(config, "config", "--default").returncode == 0
+    assert json.loads(config.read_text()) == {
+        "num_processes": None,
+        "mixed_precision": "no",
+        "cpu": False,
+    }
+    assert nbaccel(config, "config", "--num-processes", "2", "--cpu").returncode == 0
+    shown = nbaccel(config, "config", "show")
+    assert shown.returncode == 0
+    path, content = shown.stdout.split("\n", 1)
+    assert path == str(config)
+    assert json.loads(content) == {"num_processes": 2, "mixed_precision": "no", "cpu": True}
+
+
+def test_config_asks_again_until_the_answer_is_valid(config):
+    done = nbaccel(config, "config", stdin="0\n3\nfp32\nbf16\nmaybe\nyes\n")
+    assert done.returncode == 0, done.stderr
+    assert "0 must be at least 1; try again" in done.stdout
+    assert "'fp32' is not one of no, fp16, bf16; try again" in done.stdout
+    assert "'maybe' is not yes or no; try again" in done.stdout
+    assert json.loads(config.read_text()) == {
+        "num_processes": 3,
+        "mixed_precision": "bf16",
+        "cpu": True,
+    }
+    again = nbaccel(config, "config", stdin="\n\nno\n")  # Enter keeps the current value
+    assert json.loads(config.read_text())["num_processes"] == 3, again.stdout
+
+
+def test_config_without_a_terminal_suggests_default(config):
+    done = nbaccel(config, "config", stdin="")
+    assert done.returncode == 1
+    assert "no answer (stdin is closed or not a terminal)" in done.stderr
+    assert "nbaccel config --default" in done.stderr
+    assert not config.exists()
+
+
+def test_config_show_of_an_invalid_file_prints_it_and_the_fix(config):
+    config.parent.mkdir()
+    config.write_text('{"mixed_precision": "fp32"}')
+    done = nbaccel(config, "config", "show")
+    assert done.returncode == 1
+    assert '{"mixed_precision": "fp32"}' in done.stdout
+    assert "mixed_precision='fp32' is not one of" in done.stderr
+
+
+def test_config_show_takes_no_flags(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["config", "show", "--cpu"])
+    assert exit.value.code == 2
+    assert "`nbaccel config show` takes no other arguments" in capsys.readouterr().err
+
+
+# -- env and test ------------------------------------------------------------------------------
+def test_env_is_a_paste_ready_list(config):
+    done = nbaccel(config, "env")
+    assert done.returncode == 0, done.stderr
+    assert f"- torch: {torch.__version__}" in done.stdout
+    assert f"- Config: {config} (no file: built-in defaults)" in done.stdout
+    assert "- gloo: available" in done.stdout
+
+
+@pytest.mark.multiprocess
+def test_test_passes_on_two_workers(config):
+    done = nbaccel(config, "test")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert done.stdout.startswith("OK: 2 ")
+
+
+def test_test_reports_failed_with_the_reason(config):
+    config.parent.mkdir()
+    config.write_text("not json")
+    done = nbaccel(config, "test")
+    assert done.returncode == 1
+    assert done.stdout.startswith("FAILED: ") and "is invalid" in done.stdout
+
+
+def test_the_sanity_checks_name_what_disagreed():
+    sanity.check_sum(3.0, 2)
+    with pytest.raises(NbaccelError, match=r"all-reduce of rank\+1 gave 4.0, expected 3.0"):
+        sanity.check_sum(4.0, 2)
+    before = torch.zeros(3)
+    sanity.check_weights(torch.ones(2, 3), before)
+    with pytest.raises(NbaccelError, match=r"weights differ by up to 1\.00e\+00"):
+        sanity.check_weights(torch.tensor([[1.0, 1, 1], [1, 1, 2]]), before)
+    with pytest.raises(NbaccelError, match="the optimizer step did not change the weights"):
+        sanity.check_weights(torch.zeros(2, 3), before)
