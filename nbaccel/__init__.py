@@ -1,20 +1,57 @@
 """nbaccel: run distributed PyTorch training from a notebook cell, and see what happens inside.
 
->>> from nbaccel import Accelerator, set_seed
+>>> from nbaccel import Accelerator, notebook_launcher, set_seed
+
+Names are imported on first use, so ``import nbaccel.display`` (or the CLI) does not pay for
+torch.
 """
 
-from .accelerator import Accelerator, set_seed
-from .data import send_to_device
-from .errors import CheckpointError, LaunchError, NbaccelError
-from .launcher import notebook_launcher
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Accelerator": "accelerator",
+    "set_seed": "accelerator",
+    "send_to_device": "data",
+    "CheckpointError": "errors",
+    "LaunchError": "errors",
+    "NbaccelError": "errors",
+    "notebook_launcher": "launcher",
+    "Run": "metrics",
+    "LiveView": "display",
+}
 __all__ = [
     "Accelerator",
     "CheckpointError",
     "LaunchError",
+    "LiveView",
     "NbaccelError",
+    "Run",
     "notebook_launcher",
     "send_to_device",
     "set_seed",
 ]
-__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .accelerator import Accelerator, set_seed
+    from .data import send_to_device
+    from .display import LiveView
+    from .errors import CheckpointError, LaunchError, NbaccelError
+    from .launcher import notebook_launcher
+    from .metrics import Run
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'nbaccel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -33,7 +33,9 @@ from torch.utils.data import DataLoader
 
 from . import checkpoint
 from .data import LoopState, PreparedDataLoader, shard_dataloader
+from .display import LiveView
 from .env import CPU_VAR, MIXED_PRECISION_VAR, DistEnv, backend_for, choose_device
+from .metrics import CHANNEL_VAR, MEMORY, SAMPLES, STEPS, Channel, Run
 from .precision import MixedPrecision, Precision, check_mode
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,10 @@ class Accelerator:
         gradient_accumulation_steps: micro-batches per optimizer step inside ``accumulate``.
         cpu: use the CPU even when a GPU is present; ``None`` takes the launch default
             (``nbaccel launch --cpu``, ``notebook_launcher(cpu=True)``), else False.
+        live: without a launcher listening (one process in a notebook, or torchrun), show the
+            live view on the main process: the panel in a notebook, a progress line on stderr
+            elsewhere (or pass your own ``LiveView``). Under ``notebook_launcher`` the notebook
+            draws it, whatever this says.
     """
 
     def __init__(
@@ -60,6 +66,7 @@ class Accelerator:
         mixed_precision: MixedPrecision | None = None,
         gradient_accumulation_steps: int = 1,
         cpu: bool | None = None,
+        live: bool | LiveView = True,
     ) -> None:
         if mixed_precision is None:
             mixed_precision = os.environ.get(MIXED_PRECISION_VAR) or "no"  # type: ignore[assignment]
@@ -92,7 +99,17 @@ class Accelerator:
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.step = 0  # micro-batches seen by accumulate() in this window-aligned count
         self.sync_gradients = True  # False on the micro-batches that only accumulate
-        self.history: list[dict[str, float]] = []  # what log() recorded on this rank
+        # Metrics: to the launcher when one listens; otherwise kept here in ``run``.
+        self.run: Run | None = Run(world_size=1) if os.environ.get(CHANNEL_VAR) is None else None
+        if self.run is not None and self.env.is_distributed:
+            self.run.label = f"rank {self.rank} of {self.num_processes}"
+        self.metrics = Channel.from_environ(self.rank, self.run)
+        self._live = bool(live) and self.run is not None and self.is_main_process
+        self._view: LiveView | None = live if isinstance(live, LiveView) else None
+        self._samples = 0  # seen by prepared DataLoaders on this rank
+        self._optimizer_steps = 0  # real steps of prepared optimizers
+        self._log_calls = 0
+        self._next_counters = 0.0
         self._loop = LoopState()
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
@@ -171,7 +188,7 @@ class Accelerator:
             return optimizer
         if isinstance(obj, DataLoader):
             loader = shard_dataloader(obj, self.rank, self.num_processes, self._shared_seed)
-            return PreparedDataLoader(loader, self.device, self._loop)
+            return PreparedDataLoader(loader, self.device, self._loop, self._count_samples)
         if isinstance(obj, LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau):
             scheduler = AcceleratedScheduler(obj, self)
             self._schedulers.append(scheduler)
@@ -364,10 +381,12 @@ class Accelerator:
             print(*args, **kwargs)
 
     def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
-        """Record numbers (floats, ints, 0-d tensors) for this rank in ``history``."""
-        record: dict[str, float] = {"time": time.time()}
-        if step is not None:
-            record["step"] = step
+        """Send numbers (floats, ints, 0-d tensors) to the live view, on every rank.
+
+        ``step`` defaults to the number of earlier ``log`` calls on this rank, which lines the
+        ranks up. Never blocks training: values wait in a bounded buffer (drops are counted).
+        """
+        record: dict[str, float] = {}
         for key, value in values.items():
             if isinstance(value, torch.Tensor):
                 if value.numel() != 1:
@@ -379,7 +398,41 @@ class Accelerator:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError(f"log() got {key}={value!r}; it records numbers only")
             record[key] = float(value)
-        self.history.append(record)
+        self.metrics.add(self._log_calls if step is None else step, record)
+        self._log_calls += 1
+        self._tick()
+
+    @property
+    def total_steps(self) -> int | None:
+        """Set it (e.g. ``epochs * len(loader)``) and the progress line shows an ETA."""
+        return getattr(self, "_total_steps", None)
+
+    @total_steps.setter
+    def total_steps(self, value: int) -> None:
+        self._total_steps = value
+        self.metrics.add(0, {"nbaccel/total_steps": float(value)})
+
+    def _count_samples(self, n: int) -> None:
+        self._samples += n
+        self._tick()
+
+    def _tick(self) -> None:
+        """Every quarter second: record the counters, send, redraw. Cheap between times."""
+        now = time.monotonic()
+        if now < self._next_counters:
+            return
+        self._next_counters = now + 0.25
+        self._record_counters()
+        self.metrics.tick()
+        if self._live:
+            self._view = self._view or LiveView()
+            self._view.update(self.run)
+
+    def _record_counters(self) -> None:
+        counters = {SAMPLES: float(self._samples), STEPS: float(self._optimizer_steps)}
+        if self.device.type == "cuda":
+            counters[MEMORY] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        self.metrics.add(self._optimizer_steps, counters)
 
     # -- models and checkpoints ------------------------------------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True):
@@ -449,7 +502,12 @@ class Accelerator:
         self.step = state["manifest"]["step"]
 
     def end_training(self) -> None:
-        """Destroy the process group this Accelerator created (safe to call twice)."""
+        """Send the last metrics, draw the final view, and destroy the process group this
+        Accelerator created (safe to call twice)."""
+        self._record_counters()
+        self.metrics.flush()
+        if self._view is not None:
+            self._view.close(self.run)
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_process_group = False
@@ -498,6 +556,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             return None
         self.stepped = self._accelerator.precision.step(self.optimizer, closure)
         self.step_was_skipped = not self.stepped
+        self._accelerator._optimizer_steps += self.stepped
         self._accelerator._grads_pending = False
         return None
 

@@ -163,8 +163,15 @@ class PreparedDataLoader:
     ``accumulate`` then syncs gradients there even if the window is not full.
     """
 
-    def __init__(self, loader: DataLoader, device: torch.device, state: LoopState) -> None:
+    def __init__(
+        self,
+        loader: DataLoader,
+        device: torch.device,
+        state: LoopState,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> None:
         self.loader, self.device, self.state = loader, device, state
+        self.on_batch = on_batch  # told each batch's sample count, for the live view
         self._non_blocking = bool(loader.pin_memory) and device.type == "cuda"
         sampler = loader.batch_sampler
         self._remainder = sampler.remainder if isinstance(sampler, ShardedBatchSampler) else None
@@ -194,10 +201,25 @@ class PreparedDataLoader:
             while current is not _DONE:
                 following = next(batches, _DONE)
                 frame.end = following is _DONE
+                if self.on_batch is not None:
+                    self.on_batch(_batch_len(current))
                 yield send_to_device(current, self.device, self._non_blocking)
                 current = following
         finally:
             self.state.active.remove(frame)
+
+
+def _batch_len(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor (0 if it has none)."""
+    while True:
+        if isinstance(batch, torch.Tensor):
+            return batch.shape[0] if batch.dim() else 1
+        if isinstance(batch, Mapping) and batch:
+            batch = next(iter(batch.values()))
+        elif isinstance(batch, list | tuple) and batch:
+            batch = batch[0]
+        else:
+            return 0
 
 
 _DONE = object()

@@ -6,7 +6,7 @@ Everything here is read from the environment that a launcher sets (torchrun's co
 so ``torchrun script.py``, ``nbaccel launch`` and ``notebook_launcher`` all reach the same
 ``DistEnv``. With none of it set, this is one process: rank 0 of 1.
 
-This module imports nothing else from nbaccel.
+This module imports nothing else from nbaccel, and torch only when a device is chosen.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 #: Launch defaults travel to workers in the environment, so ``Accelerator()`` needs no arguments.
 MIXED_PRECISION_VAR = "NBACCEL_MIXED_PRECISION"
@@ -93,6 +95,8 @@ def _int(environ: Mapping[str, str], name: str, default: int | object | None = .
 
 def choose_device(local_rank: int = 0, cpu: bool = False) -> torch.device:
     """CUDA at ``local_rank`` if there is one, else Apple's MPS, else the CPU."""
+    import torch  # here, not at import: the display side reads this module without torch
+
     if not cpu and torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     mps = getattr(torch.backends, "mps", None)

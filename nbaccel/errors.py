@@ -49,8 +49,11 @@ class RankFailure:
 class LaunchError(NbaccelError):
     """A launch failed: the first rank's real error, its traceback, and what the others did."""
 
-    def __init__(self, summary: str, failures: list[RankFailure] | None = None) -> None:
+    def __init__(
+        self, summary: str, failures: list[RankFailure] | None = None, run: object = None
+    ) -> None:
         self.failures = failures or []
+        self.run = run  # the launch's metrics.Run: what every rank logged before it failed
         self.root_cause = self.failures[0] if self.failures else None
         self.rank = self.root_cause.rank if self.root_cause else None
         self.exc_type = self.root_cause.exc_type if self.root_cause else None

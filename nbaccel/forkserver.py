@@ -17,7 +17,8 @@ Wire protocol, all over Unix sockets the launcher created:
   each worker. ``signal`` asks the server to signal a launch's live workers: the server is
   their parent and reaps them itself, so it never signals a pid that has been reused.
 * per worker: stdout and stderr go to their own pipes; the message socket carries the payload in,
-  and the result or the error (as plain data) out.
+  and the result or the error (as plain data) out; the metrics socket (datagrams) carries
+  ``Accelerator.log`` records and throughput counters (``metrics.py``).
 """
 
 from __future__ import annotations
@@ -72,10 +73,11 @@ def serve(control_fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Jupyter's interrupt is for the kernel
     import cloudpickle  # noqa: F401  # preloaded so that every worker starts warm
     import torch
+    import torch._dynamo  # DDP and torch.optim import it: seconds per worker otherwise
     import torch.distributed
     import torch.nn  # noqa: F401
 
-    import nbaccel  # noqa: F401
+    import nbaccel.accelerator  # noqa: F401
 
     control = socket.socket(fileno=control_fd)
     wake_r, wake_w = os.pipe()
@@ -108,7 +110,7 @@ def _handle(control, message, fds, launches, wake_r, wake_w) -> None:
     if kind == "launch":
         pids = []
         for i, spec in enumerate(message["workers"]):
-            mine = fds[3 * i : 3 * i + 3]  # stdout pipe, stderr pipe, message socket
+            mine = fds[4 * i : 4 * i + 4]  # stdout, stderr, message socket, metrics socket
             pid = os.fork()
             if pid == 0:  # the worker: never returns
                 os.close(wake_r)
@@ -154,7 +156,7 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 # -- a worker ------------------------------------------------------------------------------------
-def _worker(spec: dict, out_fd: int, err_fd: int, channel_fd: int) -> int:
+def _worker(spec: dict, out_fd: int, err_fd: int, channel_fd: int, metrics_fd: int) -> int:
     os.setpgid(0, 0)  # one group per worker, so a stop reaches its DataLoader workers too
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -165,10 +167,10 @@ def _worker(spec: dict, out_fd: int, err_fd: int, channel_fd: int) -> int:
     os.close(err_fd)
     sys.stdout.reconfigure(line_buffering=True)  # whole lines reach the notebook
     sys.stderr.reconfigure(line_buffering=True)
-    return run_worker(spec, channel_fd)
+    return run_worker(spec, channel_fd, metrics_fd)
 
 
-def run_worker(spec: dict, channel_fd: int) -> int:
+def run_worker(spec: dict, channel_fd: int, metrics_fd: int) -> int:
     """Set up this process as the spec says, run the function, report; returns the exit code."""
     import faulthandler
     from multiprocessing.connection import Connection
@@ -177,9 +179,11 @@ def run_worker(spec: dict, channel_fd: int) -> int:
     import torch
     import torch.distributed as dist
 
+    from .metrics import CHANNEL_VAR, flush_all
+
     faulthandler.enable()  # a segfault still prints a Python traceback into the cell
     os.environ.clear()
-    os.environ.update(spec["env"])
+    os.environ.update(spec["env"], **{CHANNEL_VAR: str(metrics_fd)})
     os.chdir(spec["cwd"])
     sys.path[:] = spec["sys_path"]
     torch.set_num_threads(spec["threads"])
@@ -187,6 +191,7 @@ def run_worker(spec: dict, channel_fd: int) -> int:
     try:
         function, args, kwargs = cloudpickle.loads(channel.recv_bytes())
         value = function(*args, **kwargs)
+        flush_all()  # the last records reach the notebook before the result does
         try:
             payload = cloudpickle.dumps(_to_cpu(value))
         except Exception as err:

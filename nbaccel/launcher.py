@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import atexit
 import collections
+import datetime
 import io
 import itertools
 import linecache
+import logging
 import os
 import pickle
 import selectors
@@ -55,10 +57,13 @@ from multiprocessing.connection import Connection
 from typing import Any, ClassVar, Literal
 
 from .config import load_config
+from .display import LiveView
 from .env import CPU_VAR, MIXED_PRECISION_VAR
 from .errors import LaunchError, NbaccelError, RankFailure
+from .metrics import Run, decode
 from .precision import check_mode
 
+logger = logging.getLogger(__name__)
 START_METHODS = ("forkserver", "spawn")
 GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL when stopping workers
 
@@ -78,6 +83,8 @@ def notebook_launcher(
     return_all: bool = False,
     output: Literal["all", "main"] = "all",
     cpu: bool | None = None,
+    live: bool = True,
+    run: Run | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers; return rank 0's value.
 
@@ -102,6 +109,10 @@ def notebook_launcher(
         timeout: seconds; past it the launch stops and names the ranks that had not finished.
         return_all: return every local rank's value, in rank order.
         cpu: make the workers' Accelerator use the CPU even where GPUs are visible.
+        live: draw the live view while the workers train (``display.py``): a panel in a
+            notebook, a progress line on stderr elsewhere.
+        run: a ``Run`` to fill with every rank's metrics, results and failures; the return
+            value stays rank 0's result. (A ``LaunchError`` carries it as ``.run``.)
 
     Raises:
         LaunchError: a worker raised, died, or timed out; the message holds its traceback.
@@ -137,7 +148,8 @@ def notebook_launcher(
     loopback = _loopback_interface() if num_nodes == 1 else None
     if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
         defaults["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
-    with _launch_slot(), _rendezvous(num_nodes, node_rank, master_port) as port:
+    rendezvous = _rendezvous(num_nodes, node_rank, master_addr, master_port)
+    with _launch_slot(), rendezvous as port:
         common = {**os.environ, **defaults, "MASTER_ADDR": master_addr, "MASTER_PORT": str(port)}
         envs = [
             {
@@ -150,11 +162,17 @@ def notebook_launcher(
             }
             for local_rank in range(num_processes)
         ]
-        if world_size == 1:
+        run = run if run is not None else Run()
+        run.world_size, run.started = world_size, time.time()
+        if world_size == 1:  # here, in this process; its Accelerator draws its own view
             values = [_run_here(function, args, kwargs or {}, envs[0])]
+            run.results, run.finished = {0: values[0]}, time.time()
         else:
             payload = _serialize(function, args, kwargs or {})
-            values = _Launch(start_method, envs, threads, payload, timeout, output).run()
+            view = LiveView() if live else None
+            values = _Launch(
+                start_method, envs, threads, payload, timeout, output, run, view
+            ).execute()
     return values if return_all else values[0]
 
 
@@ -266,13 +284,21 @@ def _launch_slot():
 
 
 @contextmanager
-def _rendezvous(num_nodes: int, node_rank: int, master_port: int | None):
-    """Host the TCPStore on node 0; yield the port the workers meet on."""
-    if node_rank != 0:
-        yield master_port
-        return
+def _rendezvous(num_nodes: int, node_rank: int, master_addr: str, master_port: int | None):
+    """Host the TCPStore on node 0; yield the port the workers meet on.
+
+    With several nodes, node 0 keeps the store until every node's workers are done (each node
+    says so on its way out), as torchrun's agents do: a node whose workers finish first must
+    not pull the store from under the others.
+    """
     import torch.distributed as dist
 
+    if node_rank != 0:
+        try:
+            yield master_port
+        finally:
+            _say_done(master_addr, master_port, node_rank)
+        return
     host = "127.0.0.1" if num_nodes == 1 else "0.0.0.0"  # loopback unless asked for more
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -288,10 +314,31 @@ def _rendezvous(num_nodes: int, node_rank: int, master_port: int | None):
     store = dist.TCPStore(
         "127.0.0.1", port, is_master=True, master_listen_fd=sock.detach(), wait_for_workers=False
     )
+    succeeded = False
     try:
         yield port
+        succeeded = True
     finally:
+        if num_nodes > 1:
+            keys = [f"nbaccel/done/{k}" for k in range(1, num_nodes)]
+            wait = datetime.timedelta(seconds=120 if succeeded else 5)
+            try:
+                store.wait(keys, wait)
+            except Exception:  # a node that died never says so; it has had its time
+                logger.warning("not every node reported back within %s; closing the store", wait)
         del store  # closes the listening socket: the port is free again
+
+
+def _say_done(master_addr: str, master_port: int | None, node_rank: int) -> None:
+    import torch.distributed as dist
+
+    try:
+        client = dist.TCPStore(
+            master_addr, master_port, is_master=False, timeout=datetime.timedelta(seconds=10)
+        )
+        client.set(f"nbaccel/done/{node_rank}", "1")
+    except Exception:
+        pass  # node 0 is already gone: nothing waits for us
 
 
 def _run_here(function, args, kwargs, env: dict[str, str]) -> Any:
@@ -392,14 +439,18 @@ class _Rank:
     exit_code: int | None = None
     result: bytes | None = None
     error: dict | None = None
+    metrics: socket.socket | None = None  # datagrams from the worker's metrics.Channel
     signaled: bool = False  # still running when the launch began to stop the workers
     partial: dict[int, bytes] = field(default_factory=dict)
 
 
 class _Launch:
-    def __init__(self, start_method, envs, threads, payload, timeout, output) -> None:
+    def __init__(
+        self, start_method, envs, threads, payload, timeout, output, run=None, view=None
+    ) -> None:
         self.start_method, self.envs, self.threads = start_method, envs, threads
         self.payload, self.timeout, self.output = payload, timeout, output
+        self.run, self.view = run if run is not None else Run(), view
         self.id = next(_launch_ids)
         self.ranks: list[_Rank] = []
         self.failed_order: list[int] = []
@@ -408,7 +459,7 @@ class _Launch:
         self.timed_out = False
         self.server_died = False
 
-    def run(self) -> list[Any]:
+    def execute(self) -> list[Any]:
         server = _shared_server() if self.start_method == "forkserver" else ForkServer()
         try:
             try:
@@ -425,8 +476,13 @@ class _Launch:
                 self._stop(server)
                 self._supervise(server)
                 raise
+            finally:
+                self._drain_metrics()
             return self._outcome()
         finally:
+            self.run.finished = time.time()
+            if self.view is not None:
+                self.view.close(self.run)
             self._finish(server)
 
     def _start(self, server: ForkServer) -> None:
@@ -435,8 +491,12 @@ class _Launch:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             ours, theirs = socket.socketpair()
-            self.ranks.append(_Rank(int(env["RANK"]), out_r, err_r, Connection(ours.detach())))
-            worker_fds += [out_w, err_w, theirs.detach()]
+            metrics, their_metrics = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            metrics.setblocking(False)
+            self.ranks.append(
+                _Rank(int(env["RANK"]), out_r, err_r, Connection(ours.detach()), metrics=metrics)
+            )
+            worker_fds += [out_w, err_w, theirs.detach(), their_metrics.detach()]
             specs.append(
                 {
                     "env": env,
@@ -467,6 +527,7 @@ class _Launch:
                     selector.register(fd, selectors.EVENT_READ, (r, fd))
             if not r.channel.closed:
                 selector.register(r.channel, selectors.EVENT_READ, (r, "channel"))
+            selector.register(r.metrics, selectors.EVENT_READ, (r, "metrics"))
         selector.register(server.sock, selectors.EVENT_READ, (None, "server"))
         started = time.monotonic()
         drain_until = None
@@ -491,18 +552,24 @@ class _Launch:
                 ):
                     server.signal(self.id, signal.SIGKILL)
                     self.killed = True
+                if self.view is not None:
+                    self.view.update(self.run)
                 while server.pending:
                     self._on_server(server.pending.pop(0), server, selector)
                 for key, _ in selector.select(timeout=0.1):
+                    if key.fileobj not in _watched(selector):
+                        continue  # unregistered by an earlier event of this round
                     rank, what = key.data
                     if what == "server":
                         try:
                             self._on_server(server.receive(), server, selector)
                         except (EOFError, OSError):
-                            selector.unregister(server.sock)
+                            _forget(selector, server.sock)
                             self._on_server_death()
                     elif what == "channel":
                         self._on_channel(rank, selector, server)
+                    elif what == "metrics":
+                        self._on_metrics(rank)
                     else:
                         self._on_output(rank, what, selector)
         finally:
@@ -533,7 +600,7 @@ class _Launch:
         try:
             message = pickle.loads(r.channel.recv_bytes())
         except (EOFError, OSError):
-            selector.unregister(r.channel)
+            _forget(selector, r.channel)  # also reached from an exit report in this round
             return
         if message["kind"] == "result":
             r.result = message["value"]
@@ -541,12 +608,27 @@ class _Launch:
             r.error = message
             self._fail(r, server)
 
+    def _on_metrics(self, r: _Rank) -> None:
+        while True:
+            try:
+                datagram = r.metrics.recv(1 << 16)
+            except (BlockingIOError, OSError):
+                return
+            records, rank, dropped = decode(datagram)
+            self.run.add(records)
+            self.run.dropped[rank] = dropped
+
+    def _drain_metrics(self) -> None:
+        for r in self.ranks:
+            if r.metrics is not None:
+                self._on_metrics(r)
+
     def _on_output(self, r: _Rank, fd: int, selector) -> None:
         data = os.read(fd, 65536)
         buffered = r.partial.get(fd, b"") + data
         *lines, rest = buffered.split(b"\n")
         if not data:  # EOF: print what is left, stop watching
-            selector.unregister(fd)
+            _forget(selector, fd)
             lines, rest = ([rest] if rest else []), b""
         r.partial[fd] = rest
         if self.output == "main" and r.rank != 0:
@@ -578,14 +660,17 @@ class _Launch:
         import cloudpickle
 
         if not self.failed_order and not self.timed_out and not self.server_died:
-            return [cloudpickle.loads(r.result) for r in self.ranks]
-        failures = self._failures()
+            values = [cloudpickle.loads(r.result) for r in self.ranks]
+            self.run.results = {r.rank: v for r, v in zip(self.ranks, values, strict=True)}
+            return values
+        failures = self.run.failures = self._failures()
         if self.timed_out and not any(f.exc_type for f in failures if not f.secondary):
             late = [r.rank for r in self.ranks if r.signaled]
             raise LaunchError(
                 f"timeout: ranks {late} had not finished after {self.timeout} s and were stopped. "
                 "A rank stuck in a collective usually means another rank skipped it.",
                 failures,
+                self.run,
             ) from None
         if self.server_died and not failures:
             raise LaunchError("nbaccel's fork server died; the next launch starts a new one")
@@ -600,7 +685,7 @@ class _Launch:
         ]
         if others:
             lines += ["", "Other ranks:"] + [f"  {o}" for o in others]
-        raise LaunchError("\n".join(lines), failures) from None
+        raise LaunchError("\n".join(lines), failures, self.run) from None
 
     def _by_us(self, f: RankFailure) -> bool:
         """Died of our SIGTERM, or of our SIGKILL once we sent one (not of its own doing)."""
@@ -655,8 +740,15 @@ class _Launch:
                 except OSError:
                     pass
             r.channel.close()
+            if r.metrics is not None:
+                r.metrics.close()
         if self.start_method == "spawn":
             server.close()
+
+
+def _forget(selector, fileobj) -> None:
+    if fileobj in _watched(selector):
+        selector.unregister(fileobj)
 
 
 def _watched(selector) -> list:

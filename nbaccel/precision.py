@@ -16,13 +16,14 @@ works on both.
 from __future__ import annotations
 
 import contextlib
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 MixedPrecision = Literal["no", "fp16", "bf16"]
 MODES: tuple[str, ...] = get_args(MixedPrecision)
-_DTYPES = {"no": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+_DTYPES = {"no": None, "fp16": "float16", "bf16": "bfloat16"}  # torch's names; torch loads late
 
 
 def check_mode(mode: object) -> str:
@@ -38,9 +39,11 @@ class Precision:
     """Autocast context plus loss scaling for one device and one mode."""
 
     def __init__(self, mode: MixedPrecision, device: torch.device) -> None:
+        import torch  # here, so that checking a mode (the CLI, config files) needs no torch
+
         self.mode = check_mode(mode)
         self.device = device
-        self.dtype = _DTYPES[self.mode]
+        self.dtype = None if _DTYPES[self.mode] is None else getattr(torch, _DTYPES[self.mode])
         if self.mode == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ValueError(
                 f"mixed_precision='bf16' needs a GPU with bfloat16 support; {device} has none. "
@@ -53,6 +56,8 @@ class Precision:
         """Run the forward pass in the low-precision dtype where torch deems it safe."""
         if self.dtype is None:
             return contextlib.nullcontext()
+        import torch
+
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:

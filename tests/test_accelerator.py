@@ -165,7 +165,7 @@ def test_two_accelerators_share_no_state():
         pass
     assert (a.step, b.step) == (1, 0)
     assert a.sync_gradients is False and b.sync_gradients is True
-    assert a.history is not b.history
+    assert a.run is not b.run
 
 
 def test_fp16_on_cpu_skips_a_step_with_inf_gradients():
@@ -228,7 +228,9 @@ def test_print_only_on_the_main_process(capsys):
 def test_log_records_numbers():
     accelerator = Accelerator()
     accelerator.log({"loss": torch.tensor(0.5), "lr": 1e-3}, step=3)
-    assert accelerator.history[0]["loss"] == 0.5 and accelerator.history[0]["step"] == 3
+    accelerator.log({"loss": 0.25})
+    assert accelerator.run.series("loss") == {0: ([3, 1], [0.5, 0.25])}
+    assert accelerator.run.series("lr") == {0: ([3], [1e-3])}
 
 
 def test_set_seed_repeats_the_draws():

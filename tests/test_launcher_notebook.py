@@ -124,7 +124,7 @@ me = psutil.Process()
 def sample():
     gc.collect()
     return me.memory_info().rss, me.num_fds(), threading.active_count()
-for i in range(5):  # warm up: the fork server, imports, caches
+for i in range(30):  # warm up: the fork server, imports, matplotlib and zmq buffers
     notebook_launcher(train, args=(Scaler(1.0),), num_processes=2)
 before = sample()
 failures = 0
@@ -149,4 +149,6 @@ def test_fifty_launches_in_a_row_leak_nothing(kernel):
     )
     assert int(failures) == 10
     assert int(fds) <= 0 and int(threads) <= 0
-    assert float(rss_mib) < 20, f"kernel memory grew by {rss_mib} MiB over 50 launches"
+    # After warm-up the kernel's memory is flat (measured: +0.0 MiB without the live view;
+    # with it, one step of about 19 MiB within the first 30 launches, then flat).
+    assert float(rss_mib) < 8, f"kernel memory grew by {rss_mib} MiB over 50 launches"

@@ -1,0 +1,233 @@
+"""The live view: loss and throughput drawn while the workers train, or one line of text.
+
+``LiveView`` redraws a ``metrics.Run`` through a front end:
+
+* ``NotebookFrontend``: a PNG rendered by matplotlib's object API (no pyplot, so no backend and
+  no stray figure at the end of the cell) and a progress line, each one display handle updated
+  in place. Works in JupyterLab, Notebook 7 and VS Code, and an executed notebook keeps the
+  last panel as an ``image/png`` output.
+* ``ConsoleFrontend``: a throttled one-line progress on stderr (scripts, ``nbaccel launch``, CI).
+
+Tests inject their own front end. Redraws are throttled: text about five times a second, the
+panel at most once a second, and less often when drawing it is slow, so that drawing costs
+the training under 2% of a core. This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import sys
+import time
+from typing import Any, Protocol
+
+from .env import in_notebook
+from .metrics import MEMORY, SAMPLES, STEPS, Run
+
+
+class Frontend(Protocol):
+    draws: bool  # False: text only
+
+    def text(self, line: str) -> None: ...
+    def image(self, png: bytes) -> None: ...
+    def close(self) -> None: ...
+
+
+def loss_name(run: Run) -> str | None:
+    """The metric to plot against step: the first with "loss" in its name, else the first."""
+    names = run.names()
+    return next((n for n in names if "loss" in n.lower()), names[0] if names else None)
+
+
+def progress(run: Run, total_steps: int | None = None) -> str:
+    """``step 120/400 | 2 ranks | 1830 samples/s | loss 0.412 | 12 s, ETA 30 s``."""
+    parts = []
+    steps = run.latest(STEPS)
+    step = int(max(steps.values())) if steps else None
+    name = loss_name(run)
+    if step is None and name:
+        logged, _ = run.mean(name)
+        step = logged[-1] if logged else None
+    if step is not None:
+        parts.append(f"step {step}" + (f"/{total_steps}" if total_steps else ""))
+    parts.append(run.label or f"{run.world_size} rank{'s' if run.world_size > 1 else ''}")
+    rates = run.rates(SAMPLES)
+    if rates:
+        parts.append(f"{sum(r[-1] for _, r in rates.values()):,.0f} samples/s")
+    if name:
+        _, values = run.mean(name)
+        if values:
+            parts.append(f"{name} {values[-1]:.4g}")
+    memory = run.latest(MEMORY)
+    if memory:
+        parts.append(f"max {max(memory.values()):,.0f} MB")
+    elapsed = (run.finished or time.time()) - run.started
+    clock = f"{elapsed:.0f} s"
+    if total_steps and step and not run.finished:
+        clock += f", ETA {elapsed / step * max(total_steps - step, 0):.0f} s"
+    parts.append(clock)
+    return " | ".join(parts)
+
+
+def figure(run: Run, total_steps: int | None = None):
+    """The panel as a matplotlib ``Figure``: loss per rank (faint) and mean (bold) against step;
+    samples/s per rank and in total against time."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 3.4), dpi=80, layout="constrained")
+    loss_ax, speed_ax = fig.subplots(1, 2)
+    name = loss_name(run)
+    if name:
+        for rank, (steps, values) in sorted(run.series(name).items()):
+            loss_ax.plot(steps, values, lw=1, alpha=0.35, label=f"rank {rank}")
+        steps, values = run.mean(name)
+        loss_ax.plot(steps, values, lw=2.2, color="black", label="mean")
+        loss_ax.legend(loc="upper right", fontsize=8)
+    loss_ax.set(xlabel="step", ylabel=name or "", title=name or "nothing logged yet")
+    rates = run.rates(SAMPLES)
+    for rank, (times, values) in sorted(rates.items()):
+        speed_ax.plot(times, values, lw=1, alpha=0.6, label=f"rank {rank}")
+    if len(rates) > 1:
+        speed_ax.plot(*_total(rates), lw=2.2, color="black", label="total")
+    if rates:
+        speed_ax.legend(loc="lower right", fontsize=8)
+    speed_ax.set(xlabel="seconds", ylabel="samples/s", title="throughput")
+    speed_ax.set_ylim(bottom=0)
+    fig.suptitle(progress(run, total_steps), fontsize=10)
+    return fig
+
+
+def _total(rates: dict[int, tuple[list[float], list[float]]]) -> tuple[list[float], list[float]]:
+    """Sum of the ranks' rates, each held at its last value until its next sample."""
+    times = sorted({t for ts, _ in rates.values() for t in ts})
+    total = []
+    for t in times:
+        s = 0.0
+        for ts, vs in rates.values():
+            i = _last_at_or_before(ts, t)
+            s += vs[i] if i >= 0 else 0.0
+        total.append(s)
+    return times, total
+
+
+def _last_at_or_before(times: list[float], t: float) -> int:
+    return bisect.bisect_right(times, t) - 1
+
+
+def png(run: Run, total_steps: int | None = None) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = figure(run, total_steps)
+    buffer = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buffer)
+    return buffer.getvalue()
+
+
+def _has_a_curve(run: Run) -> bool:
+    """A panel is worth drawing once there is a logged metric or two throughput samples."""
+    return bool(run.names() or run.rates(SAMPLES))
+
+
+class NotebookFrontend:
+    """One progress line and one PNG, each a display handle updated in place."""
+
+    draws = True
+
+    def __init__(self) -> None:
+        self._text: Any = None
+        self._image: Any = None
+
+    def text(self, line: str) -> None:
+        from IPython.display import display
+
+        content = {"text/plain": line}
+        if self._text is None:
+            self._text = display(content, raw=True, display_id=True)
+        else:
+            self._text.update(content, raw=True)
+
+    def image(self, data: bytes) -> None:
+        from IPython.display import Image, display
+
+        if self._image is None:
+            self._image = display(Image(data=data), display_id=True)
+        else:
+            self._image.update(Image(data=data))
+
+    def close(self) -> None:
+        pass
+
+
+class ConsoleFrontend:
+    """One line on stderr, rewritten in place; a newline when the run ends."""
+
+    draws = False
+
+    def __init__(self, stream=None) -> None:
+        self.stream = stream or sys.stderr
+        self._width = 0
+
+    def text(self, line: str) -> None:
+        self.stream.write("\r" + line.ljust(self._width))
+        self._width = len(line)
+        self.stream.flush()
+
+    def image(self, data: bytes) -> None:  # pragma: no cover - draws is False
+        pass
+
+    def close(self) -> None:
+        if self._width:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+class LiveView:
+    """Redraw a ``Run`` through a front end, throttled; ``close()`` draws the final state."""
+
+    def __init__(
+        self,
+        frontend: Frontend | None = None,
+        total_steps: int | None = None,
+        save_png: str | None = None,
+        text_interval: float = 0.2,
+        image_interval: float = 1.0,
+    ) -> None:
+        self.frontend = frontend or (NotebookFrontend() if in_notebook() else ConsoleFrontend())
+        self.total_steps, self.save_png = total_steps, save_png
+        self.text_interval, self.image_interval = text_interval, image_interval
+        self._next_text = self._next_image = 0.0
+        self._seen = -1  # record count at the last panel, to skip redraws with nothing new
+        self.closed = False
+
+    def update(self, run: Run, final: bool = False) -> None:
+        if not run.records:
+            return  # nothing logged or counted yet: show nothing rather than an empty panel
+        now = time.monotonic()
+        total = self._total(run)
+        if final or now >= self._next_text:
+            self.frontend.text(progress(run, total))
+            self._next_text = now + self.text_interval
+        fresh = len(run.records) != self._seen and _has_a_curve(run)
+        if self.frontend.draws and fresh and (final or now >= self._next_image):
+            started = time.perf_counter()
+            self.frontend.image(png(run, total))
+            spent = time.perf_counter() - started
+            self._seen = len(run.records)
+            # never more than once a second; when drawing is slow, rarer: under 2% of a core
+            self._next_image = time.monotonic() + max(self.image_interval, 50 * spent)
+
+    def _total(self, run: Run) -> int | None:
+        total = run.latest("nbaccel/total_steps")
+        return int(max(total.values())) if total else self.total_steps
+
+    def close(self, run: Run) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.update(run, final=True)
+            if self.save_png:
+                with open(self.save_png, "wb") as f:
+                    f.write(png(run, self._total(run)))
+        finally:
+            self.frontend.close()

@@ -1,0 +1,217 @@
+"""Numbers from the workers to the notebook: ``log()`` -> channel -> launching process -> display.
+
+Worker side (``Channel``): ``Accelerator.log`` and the prepared DataLoader/optimizer add records
+to a bounded buffer; every quarter second it is sent as datagrams on a Unix socket that the
+launcher handed over (``NBACCEL_METRICS_FD``). A datagram is sent whole or not at all, without
+waiting (``MSG_DONTWAIT``): when the notebook is busy the records wait in the buffer, and when
+the buffer is full the oldest are dropped and counted. Logging never blocks and never raises.
+
+Launcher side (``Run``): every record of a launch as plain data (rank, step, time, name, value),
+plus per-rank results and failures; exportable to CSV/JSON and drawn by ``display``.
+
+Neither side imports torch: values arrive here already converted to floats.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pickle
+import socket
+import time
+import weakref
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHANNEL_VAR = "NBACCEL_METRICS_FD"
+#: Counters the library records by itself, cumulative per rank; rates come from differences.
+SAMPLES, STEPS, MEMORY = "nbaccel/samples", "nbaccel/optimizer_steps", "nbaccel/max_memory_mb"
+_PER_DATAGRAM = 40  # records; small enough for macOS's 2 KiB default datagram limit
+
+
+@dataclass(frozen=True)
+class Record:
+    rank: int
+    step: int
+    time: float  # seconds since the epoch (time.time()), comparable across local ranks
+    name: str
+    value: float
+
+
+class Channel:
+    """The worker's end: buffer records, send them in batches, never block, never raise.
+
+    Without a launcher listening (one process, torchrun), records go straight into ``run``.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        fd: int | None = None,
+        run: Run | None = None,
+        capacity: int = 20_000,
+        interval: float = 0.25,
+    ) -> None:
+        self.rank, self.run, self.capacity, self.interval = rank, run, capacity, interval
+        self.dropped = 0
+        self._sock = socket.socket(fileno=os.dup(fd)) if fd is not None else None
+        self._buffer: deque[tuple] = deque()
+        self._last_flush = time.monotonic()
+        if self._sock is not None:
+            _open_channels.add(self)
+
+    @classmethod
+    def from_environ(cls, rank: int, run: Run | None = None) -> Channel:
+        fd = os.environ.get(CHANNEL_VAR)
+        return cls(rank, int(fd) if fd and fd.isdigit() else None, run)
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def add(self, step: int, values: dict[str, float]) -> None:
+        now = time.time()
+        if self._sock is None:
+            if self.run is not None:
+                self.run.add([Record(self.rank, step, now, k, v) for k, v in values.items()])
+            return
+        for name, value in values.items():
+            self._buffer.append((step, now, name, value))
+        while len(self._buffer) > self.capacity:
+            self._buffer.popleft()
+            self.dropped += 1
+        self.tick()
+
+    def tick(self) -> None:
+        """Send if a quarter second has passed since the last send (cheap to call often)."""
+        if self._sock is not None and time.monotonic() - self._last_flush >= self.interval:
+            self.flush()
+
+    def flush(self) -> None:
+        self._last_flush = time.monotonic()
+        while self._sock is not None and self._buffer:
+            batch = [self._buffer[i] for i in range(min(_PER_DATAGRAM, len(self._buffer)))]
+            data = pickle.dumps(("metrics", self.rank, self.dropped, batch))
+            try:
+                self._sock.send(data, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return  # the notebook is busy: keep the records for the next flush
+            except OSError:
+                self.close()  # nobody listens any more; training goes on
+                return
+            for _ in batch:
+                self._buffer.popleft()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            sock, self._sock = self._sock, None
+            sock.close()
+
+
+# The launched worker flushes every open channel before it reports its result, so the last
+# quarter second of records is not lost when the function did not call end_training(). Weak
+# references: a channel that is gone needs no flush.
+_open_channels: weakref.WeakSet[Channel] = weakref.WeakSet()
+
+
+def flush_all() -> None:
+    for channel in list(_open_channels):
+        channel.flush()
+
+
+def decode(datagram: bytes) -> tuple[list[Record], int, int]:
+    """A datagram from ``Channel.flush``: its records, the sender's rank and drop count."""
+    _, rank, dropped, batch = pickle.loads(datagram)
+    return [Record(rank, *row) for row in batch], rank, dropped
+
+
+@dataclass
+class Run:
+    """Everything a launch recorded: metrics from every rank, results, failures, timings.
+
+    Pass one to ``notebook_launcher(..., run=run)`` to keep it; ``LaunchError.run`` holds it
+    when a launch fails.
+    """
+
+    records: list[Record] = field(default_factory=list)
+    results: dict[int, Any] = field(default_factory=dict)
+    failures: list[Any] = field(default_factory=list)
+    dropped: dict[int, int] = field(default_factory=dict)
+    world_size: int = 1
+    label: str | None = None  # how the progress line names the ranks, e.g. "rank 0 of 2"
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+
+    def add(self, records: list[Record]) -> None:
+        self.records += records
+
+    def names(self) -> list[str]:
+        """The metric names the user logged (the library's own counters left out)."""
+        return sorted({r.name for r in self.records if not r.name.startswith("nbaccel/")})
+
+    def series(self, name: str) -> dict[int, tuple[list[int], list[float]]]:
+        """``{rank: (steps, values)}`` for one metric."""
+        out: dict[int, tuple[list[int], list[float]]] = {}
+        for r in self.records:
+            if r.name == name:
+                steps, values = out.setdefault(r.rank, ([], []))
+                steps.append(r.step)
+                values.append(r.value)
+        return out
+
+    def mean(self, name: str) -> tuple[list[int], list[float]]:
+        """The metric averaged over the ranks that logged each step."""
+        by_step: dict[int, list[float]] = {}
+        for r in self.records:
+            if r.name == name:
+                by_step.setdefault(r.step, []).append(r.value)
+        steps = sorted(by_step)
+        return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
+
+    def rates(self, name: str = SAMPLES) -> dict[int, tuple[list[float], list[float]]]:
+        """``{rank: (seconds since start, per second)}`` from a cumulative counter."""
+        out: dict[int, tuple[list[float], list[float]]] = {}
+        last: dict[int, tuple[float, float]] = {}
+        for r in self.records:
+            if r.name != name:
+                continue
+            if r.rank in last:
+                t0, v0 = last[r.rank]
+                if r.time > t0:
+                    times, rates = out.setdefault(r.rank, ([], []))
+                    times.append(r.time - self.started)
+                    rates.append((r.value - v0) / (r.time - t0))
+            last[r.rank] = (r.time, r.value)
+        return out
+
+    def latest(self, name: str) -> dict[int, float]:
+        values: dict[int, float] = {}
+        for r in self.records:
+            if r.name == name:
+                values[r.rank] = r.value
+        return values
+
+    def to_json(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps([asdict(r) for r in self.records]))
+        return path
+
+    def to_csv(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["rank", "step", "time", "name", "value"])
+            writer.writerows((r.rank, r.step, r.time, r.name, r.value) for r in self.records)
+        return path
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> Run:
+        records = [Record(**row) for row in json.loads(Path(path).read_text())]
+        run = cls(records=records)
+        if records:
+            run.started = min(r.time for r in records)
+            run.world_size = max(r.rank for r in records) + 1
+        return run
