@@ -35,7 +35,7 @@ from . import checkpoint
 from .data import LoopState, PreparedDataLoader, shard_dataloader
 from .display import LiveView
 from .env import CPU_VAR, MIXED_PRECISION_VAR, DistEnv, backend_for, choose_device
-from .metrics import CHANNEL_VAR, MEMORY, SAMPLES, STEPS, Channel, Run
+from .metrics import CHANNEL_VAR, MEMORY, PANEL_VAR, SAMPLES, STEPS, Channel, Run
 from .precision import MixedPrecision, Precision, check_mode
 
 logger = logging.getLogger(__name__)
@@ -425,7 +425,7 @@ class Accelerator:
         self._record_counters()
         self.metrics.tick()
         if self._live:
-            self._view = self._view or LiveView()
+            self._view = self._view or LiveView(save_png=os.environ.get(PANEL_VAR))
             self._view.update(self.run)
 
     def _record_counters(self) -> None:

@@ -99,7 +99,8 @@ def figure(run: Run, total_steps: int | None = None):
 
 def _total(rates: dict[int, tuple[list[float], list[float]]]) -> tuple[list[float], list[float]]:
     """Sum of the ranks' rates, each held at its last value until its next sample."""
-    times = sorted({t for ts, _ in rates.values() for t in ts})
+    everyone = max(ts[0] for ts, _ in rates.values())  # before this, some ranks not yet heard
+    times = sorted({t for ts, _ in rates.values() for t in ts if t >= everyone})
     total = []
     for t in times:
         s = 0.0

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 CHANNEL_VAR = "NBACCEL_METRICS_FD"
+PANEL_VAR = "NBACCEL_SAVE_PANEL"  # a path: without a notebook, save the final panel there
 #: Counters the library records by itself, cumulative per rank; rates come from differences.
 SAMPLES, STEPS, MEMORY = "nbaccel/samples", "nbaccel/optimizer_steps", "nbaccel/max_memory_mb"
 _PER_DATAGRAM = 40  # records; small enough for macOS's 2 KiB default datagram limit
@@ -205,6 +206,19 @@ class Run:
             writer = csv.writer(f)
             writer.writerow(["rank", "step", "time", "name", "value"])
             writer.writerows((r.rank, r.step, r.time, r.name, r.value) for r in self.records)
+        return path
+
+    def figure(self, total_steps: int | None = None):
+        """The live panel, redrawn from the records (a matplotlib ``Figure``)."""
+        from .display import figure
+
+        return figure(self, total_steps)
+
+    def save_png(self, path: str | os.PathLike, total_steps: int | None = None) -> Path:
+        from .display import png
+
+        path = Path(path)
+        path.write_bytes(png(self, total_steps))
         return path
 
     @classmethod

@@ -14,6 +14,7 @@ import signal
 import sys
 
 from ..env import CPU_VAR, MIXED_PRECISION_VAR
+from ..metrics import PANEL_VAR
 from ..precision import MODES
 from . import UsageError, positive_int, saved_config
 from .torchrun import run_torchrun
@@ -40,6 +41,9 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument(
         "--cpu", action=argparse.BooleanOptionalAction, help="use the CPU even if there are GPUs"
     )
+    parser.add_argument(
+        "--save-panel", metavar="PNG", help="save rank 0's final live panel to this PNG file"
+    )
     parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
@@ -59,6 +63,8 @@ def launch_command(args: argparse.Namespace) -> int:
         MIXED_PRECISION_VAR: args.mixed_precision or config.mixed_precision,
         CPU_VAR: "1" if cpu else "0",
     }
+    if args.save_panel:
+        env[PANEL_VAR] = os.path.abspath(args.save_panel)
     if not env.get("OMP_NUM_THREADS"):  # the user's choice wins; else share the cores evenly
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         env["OMP_NUM_THREADS"] = str(max((cores or 1) // nproc, 1))

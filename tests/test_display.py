@@ -1,0 +1,109 @@
+"""The live view with an injected front end: what is drawn, how often, and without torch."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+
+from nbaccel.display import ConsoleFrontend, LiveView, figure, progress
+from nbaccel.metrics import SAMPLES, STEPS, Record, Run
+
+
+class Recorder:
+    draws = True
+
+    def __init__(self):
+        self.texts, self.images, self.closed = [], [], False
+
+    def text(self, line):
+        self.texts.append(line)
+
+    def image(self, png):
+        self.images.append(png)
+
+    def close(self):
+        self.closed = True
+
+
+def a_run(steps: int = 20, ranks: int = 2, start: float | None = None) -> Run:
+    start = time.time() if start is None else start
+    run = Run(world_size=ranks, started=start)
+    for step in range(steps):
+        for rank in range(ranks):
+            t = start + step * 0.1
+            run.add(
+                [
+                    Record(rank, step, t, "loss", 1.0 / (step + 1) + rank),
+                    Record(rank, step, t, SAMPLES, 32.0 * step),
+                    Record(rank, step, t, STEPS, float(step)),
+                ]
+            )
+    return run
+
+
+def test_redraws_are_throttled_and_the_end_is_always_drawn():
+    front = Recorder()
+    view = LiveView(front, text_interval=0.2, image_interval=1.0)
+    run = a_run(steps=1)
+    started = time.monotonic()
+    while time.monotonic() - started < 1.5:
+        run.add([Record(0, len(run.records), time.time(), "loss", 0.5)])
+        view.update(run)
+        time.sleep(0.005)
+    assert 5 <= len(front.texts) <= 10  # ~5 a second
+    assert 1 <= len(front.images) <= 2  # at most ~1 a second
+    view.close(run)
+    assert len(front.images) <= 3 and front.closed
+    assert front.images[-1][:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_nothing_is_shown_before_anything_is_recorded():
+    front = Recorder()
+    view = LiveView(front)
+    view.close(Run())
+    assert front.texts == [] and front.images == []
+
+
+def test_the_panel_plots_each_rank_faint_and_the_mean_bold():
+    fig = figure(a_run())
+    loss_ax, speed_ax = fig.axes
+    assert [line.get_label() for line in loss_ax.lines] == ["rank 0", "rank 1", "mean"]
+    assert loss_ax.lines[-1].get_linewidth() > loss_ax.lines[0].get_linewidth()
+    assert [line.get_label() for line in speed_ax.lines] == ["rank 0", "rank 1", "total"]
+    total = speed_ax.lines[-1].get_ydata()
+    assert abs(max(total) - 2 * 320.0) < 0.01  # 32 samples per 0.1 s on each of two ranks
+
+
+def test_progress_reads_like_a_sentence():
+    run = a_run(steps=20)
+    line = progress(run, total_steps=40)
+    assert line.startswith("step 19/40 | 2 ranks | 640 samples/s | loss ")
+    assert "ETA" in line
+
+
+def test_the_console_rewrites_one_line_and_ends_it():
+    stream = io.StringIO()
+    view = LiveView(ConsoleFrontend(stream), text_interval=0)
+    run = a_run(steps=3)
+    view.update(run)
+    view.close(run)
+    assert stream.getvalue().count("\r") == 2 and stream.getvalue().endswith("\n")
+
+
+def test_a_saved_panel(tmp_path):
+    run = a_run()
+    LiveView(Recorder(), save_png=str(tmp_path / "final.png")).close(run)
+    assert (tmp_path / "final.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_display_side_imports_no_torch():
+    code = (
+        "import sys, nbaccel.display as d, nbaccel.metrics as m\n"
+        "run = m.Run(); run.add([m.Record(0, 0, 0.0, 'loss', 1.0)]); d.png(run)\n"
+        "print(sorted(k for k in sys.modules if k.split('.')[0] == 'torch'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

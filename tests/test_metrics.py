@@ -1,0 +1,140 @@
+"""The metrics channel alone, the Accelerator's counters, and Run's exports."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from nbaccel import Accelerator
+from nbaccel.metrics import SAMPLES, STEPS, Channel, Record, Run, decode
+
+
+@pytest.fixture
+def pair():
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    ours.setblocking(False)
+    yield ours, theirs.fileno()
+    ours.close()
+    theirs.close()
+
+
+def received(sock) -> list[Record]:
+    records = []
+    while True:
+        try:
+            records += decode(sock.recv(1 << 16))[0]
+        except BlockingIOError:
+            return records
+
+
+def test_records_arrive_in_order(pair):
+    ours, fd = pair
+    channel = Channel(rank=1, fd=fd)
+    for step in range(100):
+        channel.add(step, {"loss": 1.0 / (step + 1), "lr": 0.1})
+    channel.flush()
+    got = received(ours)
+    assert [(r.step, r.name) for r in got] == [(s, n) for s in range(100) for n in ("loss", "lr")]
+    assert {r.rank for r in got} == {1} and got[2].value == 0.5
+    channel.close()
+
+
+def test_a_full_buffer_drops_the_oldest_and_counts_them(pair):
+    ours, fd = pair
+    channel = Channel(rank=0, fd=fd, capacity=50, interval=3600)  # nobody flushes
+    for step in range(80):
+        channel.add(step, {"loss": float(step)})
+    assert channel.dropped == 30
+    channel.flush()
+    got = received(ours)
+    assert [r.step for r in got] == list(range(30, 80))
+    channel.close()
+
+
+def test_a_busy_notebook_never_blocks_the_worker(pair):
+    ours, fd = pair
+    channel = Channel(rank=0, fd=fd, capacity=1_000_000, interval=0)
+    for step in range(200_000):  # far more than a socket buffer holds, nobody reading
+        channel.add(step, {"loss": 1.0})
+    assert channel._buffer, "what could not be sent waits in the buffer"
+    sent = received(ours)
+    assert sent and len(sent) + len(channel._buffer) == 200_000  # nothing lost, nothing blocked
+    channel.close()
+
+
+def test_a_vanished_listener_never_raises(pair):
+    ours, fd = pair
+    channel = Channel(rank=0, fd=fd, interval=0)
+    ours.close()
+    for step in range(10):
+        channel.add(step, {"loss": 1.0})  # no exception in the training loop
+    assert not channel.connected
+
+
+def test_without_a_listener_records_stay_in_the_run():
+    run = Run()
+    channel = Channel(rank=0, fd=None, run=run)
+    channel.add(3, {"loss": 2.0})
+    assert run.series("loss") == {0: ([3], [2.0])}
+
+
+def test_the_accelerator_counts_samples_and_optimizer_steps():
+    accelerator = Accelerator(gradient_accumulation_steps=2)
+    model = torch.nn.Linear(3, 1)
+    data = TensorDataset(torch.randn(100, 3), torch.randn(100, 1))
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(data, batch_size=8)
+    )
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+        accelerator.log({"loss": torch.tensor(1.5)})
+    accelerator.end_training()
+    assert accelerator.run.latest(SAMPLES) == {0: 100.0}  # 12 batches of 8 and one of 4
+    assert accelerator.run.latest(STEPS) == {0: 7.0}  # 13 micro-batches in windows of 2
+    steps, values = accelerator.run.series("loss")[0]
+    assert steps == list(range(13)) and set(values) == {1.5}
+
+
+def test_run_exports_and_reloads(tmp_path):
+    run = Run(world_size=2)
+    run.add(
+        [
+            Record(rank, step, 100.0 + step, "loss", step * 0.5 + rank)
+            for step in range(3)
+            for rank in range(2)
+        ]
+    )
+    assert run.mean("loss") == ([0, 1, 2], [0.5, 1.0, 1.5])
+    again = Run.from_json(run.to_json(tmp_path / "run.json"))
+    assert again.records == run.records and again.world_size == 2
+    lines = run.to_csv(tmp_path / "run.csv").read_text().splitlines()
+    assert lines[0] == "rank,step,time,name,value" and lines[1] == "0,0,100.0,loss,0.0"
+    assert run.save_png(tmp_path / "panel.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rates_come_from_cumulative_counters():
+    run = Run(started=10.0)
+    run.add(
+        [
+            Record(0, 0, 10.0, SAMPLES, 0.0),
+            Record(0, 1, 11.0, SAMPLES, 500.0),
+            Record(0, 2, 13.0, SAMPLES, 1500.0),
+        ]
+    )
+    assert run.rates() == {0: ([1.0, 3.0], [500.0, 500.0])}
+
+
+def test_the_channel_reads_its_descriptor_from_the_environment(monkeypatch, pair):
+    _, fd = pair
+    monkeypatch.setenv("NBACCEL_METRICS_FD", str(fd))
+    channel = Channel.from_environ(rank=0)
+    assert channel.connected and channel._sock.fileno() != fd  # its own duplicate
+    channel.close()
+    os.fstat(fd)  # the launcher's descriptor is still open
