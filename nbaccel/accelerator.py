@@ -35,7 +35,7 @@ from . import checkpoint
 from .data import LoopState, PreparedDataLoader, shard_dataloader
 from .display import LiveView
 from .env import CPU_VAR, MIXED_PRECISION_VAR, DistEnv, backend_for, choose_device
-from .metrics import CHANNEL_VAR, MEMORY, PANEL_VAR, SAMPLES, STEPS, Channel, Run
+from .metrics import CHANNEL_VAR, MEMORY, PANEL_VAR, SAMPLES, STEPS, Channel, Run, local_run
 from .precision import MixedPrecision, Precision, check_mode
 
 logger = logging.getLogger(__name__)
@@ -100,7 +100,9 @@ class Accelerator:
         self.step = 0  # micro-batches seen by accumulate() in this window-aligned count
         self.sync_gradients = True  # False on the micro-batches that only accumulate
         # Metrics: to the launcher when one listens; otherwise kept here in ``run``.
-        self.run: Run | None = Run(world_size=1) if os.environ.get(CHANNEL_VAR) is None else None
+        self.run: Run | None = None
+        if os.environ.get(CHANNEL_VAR) is None:  # nobody listens: keep the records here
+            self.run = local_run.get() or Run(world_size=1)
         if self.run is not None and self.env.is_distributed:
             self.run.label = f"rank {self.rank} of {self.num_processes}"
         self.metrics = Channel.from_environ(self.rank, self.run)

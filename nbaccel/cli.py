@@ -1,4 +1,4 @@
-"""The ``nbaccel`` console script: ``launch``, ``config``, ``env`` and ``test``.
+"""The ``nbaccel`` console script: ``launch``, ``config``, ``env``, ``test`` and ``scale``.
 
 Each subcommand lives in its own module under ``commands/`` with a ``*_parser(subparsers)``
 that declares its arguments and a ``*_command(args)`` that runs it and returns the exit status.
@@ -15,6 +15,7 @@ from .commands import CommandError, UsageError
 from .commands.config import config_parser
 from .commands.env import env_parser
 from .commands.launch import launch_parser
+from .commands.scale import scale_parser
 from .commands.test import test_parser
 
 
@@ -25,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Launch and check distributed PyTorch runs (see `nbaccel COMMAND --help`).",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (launch_parser, config_parser, env_parser, test_parser):
+    for add in (launch_parser, config_parser, env_parser, test_parser, scale_parser):
         add(subparsers)
     args = parser.parse_args(argv)
     try:

@@ -60,7 +60,7 @@ from .config import load_config
 from .display import LiveView
 from .env import CPU_VAR, MIXED_PRECISION_VAR
 from .errors import LaunchError, NbaccelError, RankFailure
-from .metrics import Run, decode
+from .metrics import Run, decode, local_run
 from .precision import check_mode
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,8 @@ def notebook_launcher(
 
     Args:
         num_processes: workers on this machine. Default: the ``nbaccel config`` value, else one
-            per visible GPU, else 1. One process runs here, in this process.
+            per visible GPU, else 1. One process runs here, in this process, unless a
+            ``start_method`` is given.
         mixed_precision: the default for ``Accelerator()`` in the workers.
         master_addr, master_port, num_nodes, node_rank: for several machines; run the same cell
             on each with its ``node_rank``. ``master_port`` defaults to a free port (one node).
@@ -130,6 +131,7 @@ def notebook_launcher(
     if num_processes is None:
         num_processes = config.num_processes or max(gpus, 1)
     _check_counts(num_processes, gpus, num_nodes, node_rank, master_port)
+    in_process = num_processes * num_nodes == 1 and start_method is None
     start_method = start_method or "forkserver"
     if start_method not in START_METHODS:
         raise ValueError(f"start_method={start_method!r} is not one of {START_METHODS}")
@@ -164,8 +166,8 @@ def notebook_launcher(
         ]
         run = run if run is not None else Run()
         run.world_size, run.started = world_size, time.time()
-        if world_size == 1:  # here, in this process; its Accelerator draws its own view
-            values = [_run_here(function, args, kwargs or {}, envs[0])]
+        if in_process:  # here, in this process; its Accelerator draws its own view
+            values = [_run_here(function, args, kwargs or {}, envs[0], run)]
             run.results, run.finished = {0: values[0]}, time.time()
         else:
             payload = _serialize(function, args, kwargs or {})
@@ -341,19 +343,22 @@ def _say_done(master_addr: str, master_port: int | None, node_rank: int) -> None
         pass  # node 0 is already gone: nothing waits for us
 
 
-def _run_here(function, args, kwargs, env: dict[str, str]) -> Any:
-    """One process: run in this process, with the same environment and errors as workers."""
+def _run_here(function, args, kwargs, env: dict[str, str], run: Run) -> Any:
+    """One process: run in this process, with the same environment and errors as workers;
+    an Accelerator created inside records into ``run``."""
     from .forkserver import _to_cpu
 
     changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
     saved = {k: os.environ.get(k) for k in changed}
     os.environ.update(changed)
+    token = local_run.set(run)
     try:
         return _to_cpu(function(*args, **kwargs))
     except Exception as err:
         failure = RankFailure(0, os.getpid(), None, type(err).__qualname__, str(err))
         raise LaunchError(f"{failure.describe()} (traceback above)", [failure]) from err
     finally:
+        local_run.reset(token)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

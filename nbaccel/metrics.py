@@ -22,6 +22,7 @@ import socket
 import time
 import weakref
 from collections import deque
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,10 @@ class Channel:
             sock, self._sock = self._sock, None
             sock.close()
 
+
+# A launch that runs its one process in the caller's process (no worker) hands its Run to the
+# Accelerator created inside through this context variable, as it hands the environment over.
+local_run: ContextVar[Run | None] = ContextVar("nbaccel_local_run", default=None)
 
 # The launched worker flushes every open channel before it reports its result, so the last
 # quarter second of records is not lost when the function did not call end_training(). Weak

@@ -138,3 +138,16 @@ def test_the_channel_reads_its_descriptor_from_the_environment(monkeypatch, pair
     assert channel.connected and channel._sock.fileno() != fd  # its own duplicate
     channel.close()
     os.fstat(fd)  # the launcher's descriptor is still open
+
+
+def test_a_one_process_launch_records_into_the_callers_run():
+    from nbaccel import Run, notebook_launcher
+
+    def train():
+        accelerator = Accelerator(live=False)
+        accelerator.log({"loss": 0.5})
+        return accelerator.run
+
+    run = Run()
+    inner = notebook_launcher(train, num_processes=1, run=run)
+    assert inner is run and run.series("loss") == {0: ([0], [0.5])} and run.results == {0: run}

@@ -1,0 +1,84 @@
+"""``nbaccel scale``: run a training function at several process counts; print the table.
+
+TARGET names the function as ``path/to/file.py:train`` or ``package.module:train``; it runs
+through ``notebook_launcher`` once per count, exactly as ``measure_scaling`` does in a notebook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+
+from ..precision import MODES
+from . import CommandError, positive_int
+
+
+def scale_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "scale",
+        help="measure throughput and scaling efficiency at several process counts",
+        description="Run TARGET (file.py:function or module:function) with 1..N processes and "
+        "print samples/s and scaling efficiency; --save writes the figure.",
+    )
+    parser.add_argument("target", metavar="TARGET", help="file.py:function or module:function")
+    parser.add_argument(
+        "--counts", type=_counts, help="process counts, e.g. 1,2 (default: 1,2 on CPU, 1..N GPUs)"
+    )
+    parser.add_argument("--cpu", action="store_true", help="use the CPU even if there are GPUs")
+    parser.add_argument("--mixed-precision", choices=MODES, help="default for Accelerator()")
+    parser.add_argument("--save", metavar="PNG", help="save the scaling figure to this file")
+    parser.set_defaults(func=scale_command)
+    return parser
+
+
+def scale_command(args: argparse.Namespace) -> int:
+    from ..scaling import measure_scaling
+
+    function = load_target(args.target)
+    result = measure_scaling(
+        function,
+        counts=args.counts,
+        cpu=args.cpu or None,
+        mixed_precision=args.mixed_precision,
+        live=False,
+    )
+    print(result.table())
+    if args.save:
+        result.save_png(args.save)
+        print(f"figure saved to {args.save}")
+    return 0
+
+
+def load_target(target: str):
+    """The function that ``file.py:name`` or ``module:name`` names."""
+    path, _, name = target.rpartition(":")
+    if not path or not name:
+        raise CommandError(
+            f"{target!r} does not name a function: write file.py:train or pkg.mod:train"
+        )
+    if path.endswith(".py"):
+        if not os.path.isfile(path):
+            raise CommandError(f"{path!r} is not a file")
+        spec = importlib.util.spec_from_file_location(f"_nbaccel_target_{abs(hash(path))}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        import cloudpickle
+
+        cloudpickle.register_pickle_by_value(module)  # workers cannot import it by that name
+    else:
+        try:
+            module = importlib.import_module(path)
+        except ImportError as err:
+            raise CommandError(f"cannot import {path!r}: {err}") from err
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise CommandError(f"{path!r} has no function named {name!r}")
+    return function
+
+
+def _counts(text: str) -> list[int]:
+    return [positive_int(part) for part in text.split(",") if part.strip()]

@@ -1,0 +1,100 @@
+"""Scaling: the same function at 1 and 2 processes, from Python and from the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nbaccel.scaling import measure_scaling
+
+pytestmark = pytest.mark.multiprocess
+
+TRAIN = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(steps=60):
+    from nbaccel import Accelerator
+
+    accelerator = Accelerator()
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(4096, 32), torch.randn(4096, 1))
+    loader = DataLoader(data, batch_size=32)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for step, (x, y) in enumerate(loader):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        accelerator.log({"loss": loss})
+        if step == steps:
+            break
+    accelerator.end_training()
+"""
+
+
+def test_one_and_two_processes(tmp_path):
+    namespace: dict = {}
+    exec(compile(TRAIN, str(tmp_path / "train.py"), "exec"), namespace)  # like a notebook cell
+    result = measure_scaling(namespace["train"], counts=(1, 2), cpu=True, live=False)
+    rows = result.rows()
+    assert [r["processes"] for r in rows] == [1, 2]
+    assert all(r["samples_per_s"] > 0 for r in rows)
+    assert rows[0]["efficiency"] == pytest.approx(1.0)
+    assert rows[1]["efficiency"] == pytest.approx(
+        rows[1]["samples_per_s"] / (2 * rows[0]["samples_per_s"])
+    )
+    assert result.runs[2].world_size == 2 and len(result.runs[2].series("loss")) == 2
+    assert len(result.figure().axes) == 3
+    assert result.table().splitlines()[2].startswith("| 1 | ")
+    assert result._repr_png_()[:4] == b"\x89PNG"
+
+
+def test_counts_must_be_positive_ints():
+    with pytest.raises(ValueError, match=r"counts=\[0, 2\] must be positive ints"):
+        measure_scaling(print, counts=[0, 2])
+
+
+def test_the_cli_prints_the_table_and_saves_the_figure(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    env = {**os.environ, "NBACCEL_CONFIG": str(tmp_path / "config.json")}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nbaccel.cli",
+            "scale",
+            f"{script}:train",
+            "--counts",
+            "1,2",
+            "--cpu",
+            "--save",
+            str(tmp_path / "scaling.png"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| processes | samples/s | efficiency | wall-clock s |" in out.stdout
+    assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_cli_names_a_bad_target(tmp_path):
+    env = {**os.environ, "NBACCEL_CONFIG": str(tmp_path / "config.json")}
+    out = subprocess.run(
+        [sys.executable, "-m", "nbaccel.cli", "scale", "train"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert out.returncode == 1 and "does not name a function" in out.stderr
