@@ -1,0 +1,304 @@
+"""How long does a trivial 2-worker launch take, and how much memory do its processes hold?
+
+The job is the same for every launcher: join a gloo process group, all-reduce one tensor, leave.
+nbaccel's workers do it the nbaccel way (``Accelerator()``, ``reduce``, ``end_training``); the
+others call ``torch.distributed`` directly. A launch is timed from the call to the return.
+
+The machine may be shared and noisy, so the variants run round-robin in this one process (the
+first variant rotates each round) and we report medians with min and max. This process never
+runs a torch op, so forking it is as safe as forking a fresh notebook kernel; it has imported
+every launcher, which makes its forks a little dearer than a lean kernel's. Then, each round,
+every variant also runs in a fresh process that imported only torch, nbaccel and that launcher:
+its first launch is timed (for nbaccel, that one starts the fork server), then a memory run, where
+the workers sleep 1 s after the all-reduce while a thread sums the PSS and USS of the workers,
+nbaccel's fork server apart, and of the whole process tree (the launching process included).
+
+    python benchmarks/launch.py [--runs 10] [--out benchmarks/results/launch-cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib
+import importlib.metadata
+import importlib.util
+import io
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import nbaccel
+
+HOLD = 1.0  # seconds a worker stays alive after the all-reduce in memory runs
+
+
+def nbaccel_job(hold: float) -> None:
+    accelerator = nbaccel.Accelerator()
+    accelerator.reduce(torch.ones(1))
+    time.sleep(hold)
+    accelerator.end_training()
+
+
+def torch_job(hold: float) -> None:  # RANK, WORLD_SIZE and MASTER_* come from the environment
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(1))
+    time.sleep(hold)
+    dist.destroy_process_group()
+
+
+def fork_job(rank: int, hold: float) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+    torch_job(hold)
+
+
+def fabric_job(fabric, hold: float) -> None:  # Fabric joined the process group before calling
+    dist.all_reduce(torch.ones(1))
+    time.sleep(hold)
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_nbaccel(hold: float, **kwargs) -> None:
+    nbaccel.notebook_launcher(nbaccel_job, args=(hold,), num_processes=2, cpu=True, **kwargs)
+
+
+def run_fork(hold: float) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    mp.start_processes(fork_job, args=(hold,), nprocs=2, start_method="fork")
+
+
+def run_accelerate(hold: float) -> None:
+    import accelerate
+
+    accelerate.notebook_launcher(torch_job, args=(hold,), num_processes=2, use_port=free_port())
+
+
+def run_fabric(hold: float) -> None:
+    from lightning.fabric import Fabric
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    Fabric(accelerator="cpu", devices=2, strategy="ddp_fork").launch(fabric_job, hold)
+
+
+VARIANTS = {  # name: (run, the module it needs, the call as recorded in the results)
+    "nbaccel": (run_nbaccel, "nbaccel", "notebook_launcher(fn, num_processes=2, cpu=True)"),
+    "nbaccel spawn": (
+        lambda hold: run_nbaccel(hold, start_method="spawn"),
+        "nbaccel",
+        "notebook_launcher(fn, num_processes=2, cpu=True, start_method='spawn')",
+    ),
+    "bare fork": (run_fork, "torch", "torch.multiprocessing.start_processes(fn, nprocs=2, "
+                  "start_method='fork'), MASTER_ADDR/MASTER_PORT set"),
+    "accelerate": (run_accelerate, "accelerate", "accelerate.notebook_launcher(fn, "
+                   "num_processes=2, use_port=<free port>) (it has no cpu argument)"),
+    "fabric": (run_fabric, "lightning.fabric", "Fabric(accelerator='cpu', devices=2, "
+               "strategy='ddp_fork').launch(fn), MASTER_PORT=<free port>, built inside the timing"),
+}  # fmt: skip
+
+
+@contextlib.contextmanager
+def isolated():
+    """Peers set MASTER_PORT and friends in os.environ, print, and leave log directories behind
+    (torch's elastic agent, under accelerate, makes one per launch): keep all that to one run."""
+    saved, stdout = dict(os.environ), os.dup(1)
+    sys.stdout.flush()
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 1)  # forked workers print to the inherited descriptor
+    try:
+        with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+            tempfile.tempdir = tmp
+            yield
+    finally:
+        tempfile.tempdir = None
+        os.dup2(stdout, 1)
+        os.close(stdout)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def timed(run) -> float:
+    with isolated():
+        start = time.perf_counter()
+        run(0.0)
+        return time.perf_counter() - start
+
+
+def memory(run) -> dict:
+    """The sample (MiB) with the largest worker PSS among those that saw exactly 2 workers."""
+    samples, done, me = [], threading.Event(), psutil.Process()
+
+    def sample() -> None:
+        while not done.wait(0.05):
+            mib = dict.fromkeys(("workers_pss", "workers_uss", "server_pss", "server_uss"), 0.0)
+            mib["workers"] = 0
+            with contextlib.suppress(psutil.Error):
+                mib["tree_pss"] = me.memory_full_info().pss / 2**20
+                for p in me.children(recursive=True):
+                    info = p.memory_full_info()  # the server's forks share its command line
+                    if p.ppid() == me.pid and "nbaccel.forkserver" in " ".join(p.cmdline()):
+                        mib["server_pss"] += info.pss / 2**20
+                        mib["server_uss"] += info.uss / 2**20
+                    else:
+                        mib["workers"] += 1
+                        mib["workers_pss"] += info.pss / 2**20
+                        mib["workers_uss"] += info.uss / 2**20
+                mib["tree_pss"] += mib["workers_pss"] + mib["server_pss"]
+                if mib.pop("workers") == 2:
+                    samples.append(mib)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with isolated():
+            run(HOLD)
+    finally:
+        done.set()
+        sampler.join()
+    if not samples:
+        raise RuntimeError("no memory sample saw exactly 2 live workers")
+    return max(samples, key=lambda mib: mib["workers_pss"])
+
+
+def fresh(name: str) -> dict:
+    """Run `child(name)` in a new interpreter; return what it measured."""
+    child = subprocess.Popen([sys.executable, __file__, "--child", name], stdout=subprocess.PIPE)
+    try:
+        out, _ = child.communicate(timeout=300)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    if child.returncode != 0:
+        raise RuntimeError(f"the fresh-process run of {name!r} failed ({child.returncode})")
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def child(name: str) -> None:
+    run, module, _ = VARIANTS[name]
+    importlib.import_module(module)  # as a notebook would have, before it launches
+    print(json.dumps({"first": timed(run), "memory": memory(run)}))
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def ratio(values: list[float], baseline: list[float]) -> float:
+    """Median of the per-round ratios: each pair ran seconds apart, under the same load."""
+    return statistics.median(v / b for v, b in zip(values, baseline, strict=True))
+
+
+def machine(runs: int, start_load: float) -> dict:
+    cpu = platform.processor()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if "model name" in line), cpu)
+    versions = {}
+    for pkg in ("torch", "nbaccel", "accelerate", "lightning", "psutil", "cloudpickle"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[pkg] = importlib.metadata.version(pkg)
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    source = Path(nbaccel.__file__).parent
+
+    def git(*args: str) -> str:
+        run = subprocess.run(["git", "-C", source, *args], capture_output=True, text=True)
+        return run.stdout.strip()
+
+    versions["nbaccel"] += f" ({git('rev-parse', '--short', 'HEAD') or source}"
+    versions["nbaccel"] += ", uncommitted changes)" if git("status", "--porcelain", ".") else ")"
+    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+            "platform": platform.platform(), "versions": versions, "date": now, "runs": runs,
+            "hold_s": HOLD, "loadavg_1min": [start_load, os.getloadavg()[0]]}  # fmt: skip
+
+
+def report(results: dict) -> str:
+    m = results["machine"]
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+    load = "-".join(f"{x:.1f}" for x in m["loadavg_1min"])
+    head = "variant | launch s (median) | min | max | / bare fork | fresh process: 1st launch s"
+    head += " | worker PSS MiB | worker USS MiB | server PSS MiB | server USS MiB | tree PSS MiB"
+    lines = [
+        "# Launch time and memory: a trivial job on 2 CPU workers",
+        "",
+        f"CPU: {m['cpu']}, {m['cores']} cores; Python {m['python']}; {versions}; {m['date']}.",
+        f"{m['runs']} rounds; 1-min load average {load} at start-end. Medians over rounds;"
+        " / bare fork: median of the per-round ratios. Memory:"
+        " sample with the most worker PSS while both workers were alive (fresh process); tree ="
+        " launching process + fork server + workers.",
+        "",
+        f"| {head} |",
+        "|---|" + "---:|" * 10,
+    ]
+    for name, t in results["launch"].items():
+        mem = results["memory"][name]
+        cells = [f"{t[k]:.3f}" for k in ("median", "min", "max")]
+        cells += [f"{t['per_round_ratio']:.2f}", f"{results['first'][name]['median']:.3f}"]
+        keys = ("workers_pss", "workers_uss", "server_pss", "server_uss", "tree_pss")
+        cells += [f"{mem[k]['median']:.0f}" if mem[k]["max"] else "" for k in keys]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=10, help="rounds (each variant once per round)")
+    parser.add_argument("--out", type=Path, default=None, help="write JSON here, Markdown beside")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    if opts.child:
+        return child(opts.child)
+    start_load = os.getloadavg()[0]
+    names = [n for n, v in VARIANTS.items() if importlib.util.find_spec(v[1].split(".")[0])]
+    for name in names:  # warm-up round, not recorded: imports, caches, nbaccel's server
+        timed(VARIANTS[name][0])
+    times, fresh_runs = {n: [] for n in names}, {n: [] for n in names}
+    for i in range(opts.runs):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        for name in order:
+            times[name].append(timed(VARIANTS[name][0]))
+        for name in order:
+            fresh_runs[name].append(fresh(name))
+        print(f"round {i + 1}/{opts.runs} done", file=sys.stderr)
+    firsts = {n: [r["first"] for r in runs] for n, runs in fresh_runs.items()}
+    results = {
+        "machine": machine(opts.runs, start_load),
+        "calls": {n: VARIANTS[n][2] for n in names},
+        "launch": {
+            n: summary(v) | {"per_round_ratio": ratio(v, times["bare fork"]), "all": v}
+            for n, v in times.items()
+        },
+        "first": {n: summary(v) | {"all": v} for n, v in firsts.items()},
+        "memory": {
+            n: {k: summary([r["memory"][k] for r in runs]) for k in runs[0]["memory"]}
+            for n, runs in fresh_runs.items()
+        },
+    }
+    text = report(results)
+    print(text)
+    if opts.out:
+        opts.out.parent.mkdir(parents=True, exist_ok=True)
+        opts.out.write_text(json.dumps(results, indent=1) + "\n")
+        opts.out.with_suffix(".md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
