@@ -112,14 +112,22 @@ def _handle(control, message, fds, launches, wake_r, wake_w) -> None:
         for i, spec in enumerate(message["workers"]):
             mine = fds[4 * i : 4 * i + 4]  # stdout, stderr, message socket, metrics socket
             pid = os.fork()
-            if pid == 0:  # the worker: never returns
-                os.close(wake_r)
-                os.close(wake_w)
-                control.close()
-                for fd in fds:
-                    if fd not in mine:
-                        os.close(fd)
-                os._exit(_worker(spec, *mine))
+            if pid == 0:  # the worker: never returns to the server's loop
+                code = 1
+                try:
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    control.close()
+                    for fd in fds:
+                        if fd not in mine:
+                            os.close(fd)
+                    code = _worker(spec, *mine)
+                except BaseException:  # a failure before the worker's own reporting is set up
+                    import traceback
+
+                    traceback.print_exc()  # into the cell when stderr is already redirected
+                finally:
+                    os._exit(code)
             pids.append(pid)
         for fd in fds:
             os.close(fd)
