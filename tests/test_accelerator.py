@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from nbaccel import Accelerator, set_seed
-from nbaccel.accelerator import AcceleratedOptimizer
+from nbaccel.optim import AcceleratedOptimizer
 
 
 def make_data(n: int = 128, seed: int = 0) -> TensorDataset:

@@ -284,7 +284,7 @@ def test_a_process_group_alive_in_the_parent(tmp_path):
 
 
 def test_a_dead_fork_server_is_replaced_or_named(monkeypatch):
-    from nbaccel import launcher
+    from nbaccel import supervisor
 
     def work():
         return os.getppid()  # the worker's parent: the fork server
@@ -295,14 +295,14 @@ def test_a_dead_fork_server_is_replaced_or_named(monkeypatch):
     second = notebook_launcher(work, num_processes=2)
     assert second != first
 
-    start = launcher.ForkServer.start
+    start = supervisor.ForkServer.start
 
     def dies_while_starting(self, *args):
         self.process.kill()
         self.process.wait()
         return start(self, *args)
 
-    monkeypatch.setattr(launcher.ForkServer, "start", dies_while_starting)
+    monkeypatch.setattr(supervisor.ForkServer, "start", dies_while_starting)
     with pytest.raises(LaunchError, match=r"fork server \(pid \d+\) stopped while starting"):
         notebook_launcher(work, num_processes=2)
     monkeypatch.undo()
@@ -311,9 +311,9 @@ def test_a_dead_fork_server_is_replaced_or_named(monkeypatch):
 
 def test_the_root_cause_is_the_rank_that_died_not_the_one_that_lost_it():
     """Rank 1 dies of SIGKILL; rank 0's all-reduce fails first, then rank 1's exit arrives."""
-    from nbaccel.launcher import _Launch, _Rank
+    from nbaccel.supervisor import Launch, _Rank
 
-    launch = _Launch("forkserver", [], 1, b"", None, "all")
+    launch = Launch("forkserver", [], 1, b"", None, "all")
     lost_peer = {
         "exception": {
             "type": "RuntimeError",
