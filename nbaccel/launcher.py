@@ -73,7 +73,7 @@ def notebook_launcher(
     return_all: bool = False,
     output: Literal["all", "main"] = "all",
     cpu: bool | None = None,
-    live: bool = True,
+    live: bool | LiveView = True,
     run: Run | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers; return rank 0's value.
@@ -101,7 +101,7 @@ def notebook_launcher(
         return_all: return every local rank's value, in rank order.
         cpu: make the workers' Accelerator use the CPU even where GPUs are visible.
         live: draw the live view while the workers train (``display.py``): a panel in a
-            notebook, a progress line on stderr elsewhere.
+            notebook, a progress line on stderr elsewhere; or pass your own ``LiveView``.
         run: a ``Run`` to fill with every rank's metrics, results and failures; the return
             value stays rank 0's result. (A ``LaunchError`` carries it as ``.run``.)
 
@@ -161,7 +161,7 @@ def notebook_launcher(
             run.results, run.finished = {0: values[0]}, time.time()
         else:
             payload = _serialize(function, args, kwargs or {})
-            view = LiveView() if live else None
+            view = live if isinstance(live, LiveView) else LiveView() if live else None
             values = Launch(
                 start_method, envs, threads, payload, timeout, output, run, view
             ).execute()

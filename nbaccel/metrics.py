@@ -15,6 +15,7 @@ Neither side imports torch: values arrive here already converted to floats.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
 import pickle
@@ -151,54 +152,69 @@ class Run:
     started: float = field(default_factory=time.time)
     finished: float | None = None
 
+    def __post_init__(self) -> None:
+        # (name, rank) -> that rank's records of that name, in order; kept up to date lazily,
+        # so the live view's five-times-a-second progress line costs the same at any length.
+        self._index: dict[tuple[str, int], list[Record]] = {}
+        self._indexed = 0
+
     def add(self, records: list[Record]) -> None:
         self.records += records
 
+    def _by_rank(self, name: str) -> dict[int, list[Record]]:
+        for r in self.records[self._indexed :]:
+            self._index.setdefault((r.name, r.rank), []).append(r)
+        self._indexed = len(self.records)
+        return {rank: rs for (n, rank), rs in sorted(self._index.items()) if n == name}
+
     def names(self) -> list[str]:
         """The metric names the user logged (the library's own counters left out)."""
-        return sorted({r.name for r in self.records if not r.name.startswith("nbaccel/")})
+        self._by_rank("")
+        return sorted({n for n, _ in self._index if not n.startswith("nbaccel/")})
 
     def series(self, name: str) -> dict[int, tuple[list[int], list[float]]]:
         """``{rank: (steps, values)}`` for one metric."""
-        out: dict[int, tuple[list[int], list[float]]] = {}
-        for r in self.records:
-            if r.name == name:
-                steps, values = out.setdefault(r.rank, ([], []))
-                steps.append(r.step)
-                values.append(r.value)
-        return out
+        return {
+            rank: ([r.step for r in rs], [r.value for r in rs])
+            for rank, rs in self._by_rank(name).items()
+        }
 
     def mean(self, name: str) -> tuple[list[int], list[float]]:
         """The metric averaged over the ranks that logged each step."""
         by_step: dict[int, list[float]] = {}
-        for r in self.records:
-            if r.name == name:
+        for rs in self._by_rank(name).values():
+            for r in rs:
                 by_step.setdefault(r.step, []).append(r.value)
         steps = sorted(by_step)
         return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
 
     def rates(self, name: str = SAMPLES) -> dict[int, tuple[list[float], list[float]]]:
         """``{rank: (seconds since start, per second)}`` from a cumulative counter."""
-        out: dict[int, tuple[list[float], list[float]]] = {}
-        last: dict[int, tuple[float, float]] = {}
-        for r in self.records:
-            if r.name != name:
-                continue
-            if r.rank in last:
-                t0, v0 = last[r.rank]
-                if r.time > t0:
-                    times, rates = out.setdefault(r.rank, ([], []))
-                    times.append(r.time - self.started)
-                    rates.append((r.value - v0) / (r.time - t0))
-            last[r.rank] = (r.time, r.value)
+        out = {}
+        for rank, rs in self._by_rank(name).items():
+            pairs = [
+                (b.time - self.started, (b.value - a.value) / (b.time - a.time))
+                for a, b in itertools.pairwise(rs)
+                if b.time > a.time
+            ]
+            if pairs:
+                out[rank] = ([t for t, _ in pairs], [v for _, v in pairs])
         return out
 
     def latest(self, name: str) -> dict[int, float]:
-        values: dict[int, float] = {}
-        for r in self.records:
-            if r.name == name:
-                values[r.rank] = r.value
-        return values
+        """Each rank's last value of a metric."""
+        return {rank: rs[-1].value for rank, rs in self._by_rank(name).items()}
+
+    def latest_step(self, name: str) -> dict[int, int]:
+        return {rank: rs[-1].step for rank, rs in self._by_rank(name).items()}
+
+    def latest_rate(self, name: str = SAMPLES) -> dict[int, float]:
+        """Each rank's rate between its last two records of a cumulative counter."""
+        return {
+            rank: (rs[-1].value - rs[-2].value) / (rs[-1].time - rs[-2].time)
+            for rank, rs in self._by_rank(name).items()
+            if len(rs) > 1 and rs[-1].time > rs[-2].time
+        }
 
     def to_json(self, path: str | os.PathLike) -> Path:
         path = Path(path)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from nbaccel.display import ConsoleFrontend, LiveView, figure, progress
+from nbaccel.display import ConsoleFrontend, LiveView, figure, png, progress
 from nbaccel.metrics import SAMPLES, STEPS, Record, Run
 
 
@@ -44,6 +44,7 @@ def a_run(steps: int = 20, ranks: int = 2, start: float | None = None) -> Run:
 
 
 def test_redraws_are_throttled_and_the_end_is_always_drawn():
+    png(a_run(steps=2))  # matplotlib's first import and font cache take a second or more
     front = Recorder()
     view = LiveView(front, text_interval=0.2, image_interval=1.0)
     run = a_run(steps=1)
