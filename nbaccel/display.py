@@ -40,7 +40,7 @@ def loss_name(run: Run) -> str | None:
 
 
 def progress(run: Run, total_steps: int | None = None) -> str:
-    """``step 120/400 | 2 ranks | 1830 samples/s | loss 0.412 | 12 s, ETA 30 s``.
+    """``step 120/400 | 2 ranks | 1,830 samples/s | 35 ms/step | loss 0.412 | 12 s, ETA 30 s``.
 
     Reads only each rank's latest records, so it costs the same however long the run is.
     """
@@ -56,6 +56,9 @@ def progress(run: Run, total_steps: int | None = None) -> str:
     rates = run.latest_rate(SAMPLES)
     if rates:
         parts.append(f"{sum(rates.values()):,.0f} samples/s")
+    step_rates = [r for r in run.latest_rate(STEPS).values() if r > 0]
+    if step_rates:  # the slowest rank sets the pace of a synchronous step
+        parts.append(f"{1000 / min(step_rates):,.0f} ms/step")
     if name:
         values = list(run.latest(name).values())
         parts.append(f"{name} {sum(values) / len(values):.4g}")

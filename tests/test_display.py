@@ -94,7 +94,7 @@ def test_the_panel_plots_each_rank_faint_and_the_mean_bold():
 def test_progress_reads_like_a_sentence():
     run = a_run(steps=20)
     line = progress(run, total_steps=40)
-    assert line.startswith("step 19/40 | 2 ranks | 640 samples/s | loss ")
+    assert line.startswith("step 19/40 | 2 ranks | 640 samples/s | 100 ms/step | loss ")
     assert "ETA" in line
 
 
