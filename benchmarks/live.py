@@ -6,7 +6,7 @@ of a display) or draws nothing. Throughput is the workers' own samples/s, betwee
 and last counter record, summed over ranks. Rounds alternate the order (on, off / off, on);
 the result is the median of the per-round ratios on/off.
 
-    python benchmarks/live.py [--rounds 9] [--out benchmarks/results/live-cpu.json]
+    python benchmarks/live.py [--rounds 9] [--steps 1500] [--out benchmarks/results/live-cpu.json]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class PanelSink:
         pass
 
 
-def train(seconds: float) -> None:
+def train(steps: int) -> None:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -60,37 +60,39 @@ def train(seconds: float) -> None:
     model, optimizer, loader = accelerator.prepare(
         model, optimizer, DataLoader(data, batch_size=64, shuffle=True)
     )
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    step = 0
+    while step < steps:  # every rank stops at the same step (never on its own clock)
         for x, y in loader:
             loss = torch.nn.functional.cross_entropy(model(x), y)
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
             accelerator.log({"loss": loss})
-            if time.monotonic() > end:
+            step += 1
+            if step == steps:
                 break
     accelerator.end_training()
 
 
-def throughput(live: bool, seconds: float) -> tuple[float, int]:
+def throughput(live: bool, steps: int) -> tuple[float, int]:
     run, sink = Run(), PanelSink()
     view = LiveView(sink) if live else False
-    notebook_launcher(train, args=(seconds,), num_processes=2, cpu=True, run=run, live=view)
+    notebook_launcher(train, args=(steps,), num_processes=2, cpu=True, run=run, live=view)
     return Scaling({2: run}).throughput(2), sink.images
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--seconds", type=float, default=6.0, help="training time per launch")
+    parser.add_argument("--steps", type=int, default=1500, help="training steps per launch")
     parser.add_argument("--out", default="benchmarks/results/live-cpu.json")
     args = parser.parse_args()
-    throughput(False, 1.0)  # warm up: the fork server, imports
+    throughput(False, 50)  # warm up: the fork server, imports ...
+    throughput(True, 50)  # ... and matplotlib in this process
     on, off, ratios, images = [], [], [], []
     for i in range(args.rounds):
         order = (True, False) if i % 2 == 0 else (False, True)
-        got = {live: throughput(live, args.seconds) for live in order}
+        got = {live: throughput(live, args.steps) for live in order}
         on.append(got[True][0])
         off.append(got[False][0])
         images.append(got[True][1])
@@ -105,7 +107,7 @@ def main() -> None:
             "load_average": os.getloadavg(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         },
-        "setup": f"2 CPU workers, {args.seconds} s of training per launch, {args.rounds} rounds",
+        "setup": f"2 CPU workers, {args.steps} steps of batch 64 per launch, {args.rounds} rounds",
         "samples_per_s_on_median": statistics.median(on),
         "samples_per_s_off_median": statistics.median(off),
         "ratio_on_off_median": statistics.median(ratios),

@@ -217,6 +217,8 @@ class LiveView:
         if not run.records:
             return  # nothing logged or counted yet: show nothing rather than an empty panel
         now = time.monotonic()
+        if not self._next_image:  # the first panel after a second of data, not at once
+            self._next_image = now + self.image_interval
         total = self._total(run)
         if final or now >= self._next_text:
             self.frontend.text(progress(run, total))

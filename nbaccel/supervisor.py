@@ -353,7 +353,19 @@ class Launch:
         ]
         if others:
             lines += ["", "Other ranks:"] + [f"  {o}" for o in others]
+        finished = [r.rank for r in self.ranks if self._returned(r.rank)]
+        if root.secondary and finished:
+            lines += [
+                "",
+                f"Ranks {finished} had already returned while rank {root.rank} waited for them "
+                "in a collective: the ranks ran different numbers of steps (a different number "
+                "of batches, or a loop that stops on one rank's clock or data). Make every "
+                "rank stop at the same step.",
+            ]
         raise LaunchError("\n".join(lines), failures, self.run) from None
+
+    def _returned(self, rank: int) -> bool:
+        return any(r.rank == rank and r.result is not None for r in self.ranks)
 
     def _by_us(self, f: RankFailure) -> bool:
         """Died of our SIGTERM, or of our SIGKILL once we sent one (not of its own doing)."""
@@ -381,6 +393,8 @@ class Launch:
                 note = "without returning a result" if r.exit_code == 0 else ""
                 failures.append(RankFailure(r.rank, r.pid, r.exit_code, message=note))
         failures = [replace(f, secondary=f.secondary or self._by_us(f)) for f in failures]
+        # A rank that returned its value and was stopped while leaving did nothing wrong.
+        failures = [f for f in failures if not (self._returned(f.rank) and self._by_us(f))]
         order = {rank: i for i, rank in enumerate(self.failed_order)}
 
         def priority(f: RankFailure):

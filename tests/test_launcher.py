@@ -331,3 +331,16 @@ def test_the_root_cause_is_the_rank_that_died_not_the_one_that_lost_it():
     assert [f.rank for f in launch._failures()] == [1, 0]
     launch.killed = True  # had we sent SIGKILL ourselves, rank 1 would be our doing
     assert [f.rank for f in launch._failures()] == [0, 1]
+
+
+def test_ranks_that_run_different_numbers_of_steps_are_told_so():
+    def uneven():
+        from nbaccel import Accelerator
+
+        accelerator = Accelerator()
+        for _ in range(1 + accelerator.rank * 3):  # rank 1 wants three more all-reduces
+            accelerator.reduce(torch.ones(1))
+        return accelerator.rank
+
+    with pytest.raises(LaunchError, match=r"Ranks \[0\] had already returned while rank 1 waited"):
+        notebook_launcher(uneven, num_processes=2, timeout=HANG)
