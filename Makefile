@@ -24,8 +24,12 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest
 
+# The peers' columns need the bench extra (HF Accelerate, Lightning), pinned like the rest.
 bench: $(STAMP)
+	$(PIP) install --quiet -c constraints.txt -e '.[bench]'
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/launch.py
+	$(BIN)/python benchmarks/live.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
