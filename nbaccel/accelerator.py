@@ -113,6 +113,7 @@ class Accelerator:
         self._optimizer_steps = 0  # real steps of prepared optimizers
         self._log_calls = 0
         self._next_counters = 0.0
+        self._last_counters: tuple[int, int] | None = None
         self._loop = LoopState()
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
@@ -191,7 +192,9 @@ class Accelerator:
             return optimizer
         if isinstance(obj, DataLoader):
             loader = shard_dataloader(obj, self.rank, self.num_processes, self._shared_seed)
-            return PreparedDataLoader(loader, self.device, self._loop, self._count_samples)
+            return PreparedDataLoader(
+                loader, self.device, self._loop, self._count_samples, self._epoch_done
+            )
         if isinstance(obj, LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau):
             scheduler = AcceleratedScheduler(obj, self)
             self._schedulers.append(scheduler)
@@ -431,7 +434,18 @@ class Accelerator:
             self._view = self._view or LiveView(save_png=os.environ.get(PANEL_VAR))
             self._view.update(self.run)
 
+    def _epoch_done(self) -> None:
+        """At the end of each pass over the data, the counters and the line are up to date
+        even if ``end_training`` is never called (the panel keeps its own pace)."""
+        self._next_counters = 0.0
+        if self._view is not None:
+            self._view.refresh_text()
+        self._tick()
+
     def _record_counters(self) -> None:
+        if (self._samples, self._optimizer_steps) == self._last_counters:
+            return  # nothing new: a repeat would read as a rate of zero
+        self._last_counters = (self._samples, self._optimizer_steps)
         counters = {SAMPLES: float(self._samples), STEPS: float(self._optimizer_steps)}
         if self.device.type == "cuda":
             counters[MEMORY] = torch.cuda.max_memory_allocated(self.device) / 2**20

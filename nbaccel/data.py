@@ -169,9 +169,11 @@ class PreparedDataLoader:
         device: torch.device,
         state: LoopState,
         on_batch: Callable[[int], None] | None = None,
+        on_end: Callable[[], None] | None = None,
     ) -> None:
         self.loader, self.device, self.state = loader, device, state
         self.on_batch = on_batch  # told each batch's sample count, for the live view
+        self.on_end = on_end  # told when a pass over the data is complete
         self._non_blocking = bool(loader.pin_memory) and device.type == "cuda"
         sampler = loader.batch_sampler
         self._remainder = sampler.remainder if isinstance(sampler, ShardedBatchSampler) else None
@@ -205,6 +207,8 @@ class PreparedDataLoader:
                     self.on_batch(_batch_len(current))
                 yield send_to_device(current, self.device, self._non_blocking)
                 current = following
+            if self.on_end is not None:
+                self.on_end()
         finally:
             self.state.active.remove(frame)
 

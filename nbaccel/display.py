@@ -233,6 +233,10 @@ class LiveView:
             # since on a laptop the workers use every core and the panel's time is theirs
             self._next_image = time.monotonic() + max(self.image_interval, 100 * spent)
 
+    def refresh_text(self) -> None:
+        """Let the next ``update`` rewrite the progress line whatever the throttle says."""
+        self._next_text = 0.0
+
     def _total(self, run: Run) -> int | None:
         total = run.latest("nbaccel/total_steps")
         return int(max(total.values())) if total else self.total_steps

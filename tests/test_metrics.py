@@ -151,3 +151,15 @@ def test_a_one_process_launch_records_into_the_callers_run():
     run = Run()
     inner = notebook_launcher(train, num_processes=1, run=run)
     assert inner is run and run.series("loss") == {0: ([0], [0.5])} and run.results == {0: run}
+
+
+def test_counters_are_current_at_the_end_of_each_epoch_without_end_training():
+    accelerator = Accelerator(live=False)
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.randn(50, 2)), batch_size=8))
+    for epoch in range(2):
+        for _batch in loader:
+            pass
+        assert accelerator.run.latest(SAMPLES) == {0: 50.0 * (epoch + 1)}
+    accelerator.end_training()
+    assert accelerator.run.latest(SAMPLES) == {0: 100.0}
+    assert len(accelerator.run.series(SAMPLES)[0][0]) <= 4  # no repeats of unchanged counters
