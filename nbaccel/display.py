@@ -173,26 +173,46 @@ class NotebookFrontend:
 
 
 class ConsoleFrontend:
-    """One line on stderr, rewritten in place; a newline when the run ends."""
+    """One line on stderr: rewritten in place on a terminal; in a log (CI, a file), a plain
+    line every ``log_interval`` seconds, since carriage returns there are only noise."""
 
     draws = False
 
-    def __init__(self, stream=None) -> None:
+    def __init__(self, stream=None, tty: bool | None = None, log_interval: float = 10.0) -> None:
         self.stream = stream or sys.stderr
+        self.tty = _isatty(self.stream) if tty is None else tty
+        self.log_interval = log_interval
         self._width = 0
+        self._next_log = 0.0
+        self._last = ""
 
     def text(self, line: str) -> None:
-        self.stream.write("\r" + line.ljust(self._width))
-        self._width = len(line)
+        self._last = line
+        if self.tty:
+            self.stream.write("\r" + line.ljust(self._width))
+            self._width = len(line)
+        elif time.monotonic() >= self._next_log:
+            self.stream.write(line + "\n")
+            self._next_log = time.monotonic() + self.log_interval
+            self._last = ""
         self.stream.flush()
 
     def image(self, data: bytes) -> None:  # pragma: no cover - draws is False
         pass
 
     def close(self) -> None:
-        if self._width:
+        if self.tty and self._width:
             self.stream.write("\n")
-            self.stream.flush()
+        elif not self.tty and self._last:
+            self.stream.write(self._last + "\n")  # the final state, if not yet written
+        self.stream.flush()
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 class LiveView:

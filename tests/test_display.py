@@ -98,13 +98,26 @@ def test_progress_reads_like_a_sentence():
     assert "ETA" in line
 
 
-def test_the_console_rewrites_one_line_and_ends_it():
+def test_a_terminal_gets_one_line_rewritten_then_ended():
     stream = io.StringIO()
-    view = LiveView(ConsoleFrontend(stream), text_interval=0)
+    view = LiveView(ConsoleFrontend(stream, tty=True), text_interval=0)
     run = a_run(steps=3)
     view.update(run)
     view.close(run)
     assert stream.getvalue().count("\r") == 2 and stream.getvalue().endswith("\n")
+
+
+def test_a_log_gets_plain_lines_now_and_then_and_the_final_state():
+    stream = io.StringIO()
+    view = LiveView(ConsoleFrontend(stream, tty=False, log_interval=60), text_interval=0)
+    run = a_run(steps=3)
+    for _ in range(20):
+        view.update(run)
+    run.add([Record(0, 3, time.time(), "loss", 0.125)])
+    view.close(run)
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue() and len(lines) == 2  # the first, and the last
+    assert "loss 0.8333" in lines[0] and "loss 0.7292" in lines[1]  # mean of ranks latest
 
 
 def test_a_saved_panel(tmp_path):

@@ -16,7 +16,7 @@ from nbaccel.lessons import MLP, make_spirals
 
 def main(epochs: int = 8) -> float:
     set_seed(0)  # same initial weights on every rank (DDP would broadcast rank 0's anyway)
-    accelerator = Accelerator(gradient_accumulation_steps=2)
+    accelerator = Accelerator(gradient_accumulation_steps=2, live=False)  # it prints its own
     model = MLP()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loader = DataLoader(make_spirals(2048), batch_size=32, shuffle=True)
