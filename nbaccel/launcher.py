@@ -1,23 +1,25 @@
 """``notebook_launcher``: run a function on N worker processes from a notebook cell.
 
-How workers start (the one decision that matters most here). Measured on a 2-core CPU box:
+How workers start (the one decision that matters most here). Medians from
+``benchmarks/launch.py`` on a shared 2-core CPU box (``benchmarks/results/launch-cpu.md``):
 
-=====================  ==========  ==========================================================
-start method           trivial     safe after the kernel trained with torch / touched CUDA?
+=====================  ===========  =========================================================
+start method           trivial      safe after the kernel trained with torch / touched CUDA?
                        2-worker
-=====================  ==========  ==========================================================
-plain ``fork``         ~0.15 s     no: a forked OpenMP pool can deadlock the children when
-                                   they use more than one thread; CUDA cannot be forked
-``spawn``              3-4 s       yes, but pays the torch import in every worker, every time
-fork server (default)  ~0.10 s     yes: workers fork from a fresh interpreter that imported
-                       (first 3-4)   torch and never ran a torch op (``forkserver.py``)
-=====================  ==========  ==========================================================
+=====================  ===========  =========================================================
+plain ``fork``         0.13 s       no: a forked OpenMP pool can deadlock the children when
+                                    they use more than one thread; CUDA cannot be forked
+``spawn``              3-4.5 s      yes, but pays the torch import in every worker, every time
+fork server (default)  0.07-0.12 s  yes: workers fork from a fresh interpreter that imported
+                       (first 3.5)    torch and never ran a torch op (``forkserver.py``)
+=====================  ===========  =========================================================
 
 So ``start_method="forkserver"`` (the default) keeps one server per kernel and forks workers
 from it; ``"spawn"`` starts a fresh server for this launch alone and shuts it down after, for
 scripts that want nothing left running. Either way the function travels by value (cloudpickle),
 so functions and classes defined in notebook cells work, and CUDA state in the kernel does not
-matter: no worker is a fork of the kernel. (The figures come from ``benchmarks/launch.py``.)
+matter: no worker is a fork of the kernel. The price: the server's own memory, a fixed ~60 MiB
+(PSS) per kernel; the workers' memory equals bare fork's.
 
 Rendezvous: the launching process hosts torch's TCPStore on a socket it bound itself (port 0:
 the OS picks a free one, no race), on loopback unless ``num_nodes > 1``; workers join it as
