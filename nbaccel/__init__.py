@@ -23,6 +23,7 @@ _EXPORTS = {
     "notebook_launcher": "launcher",
     "Run": "metrics",
     "LiveView": "display",
+    "measure_scaling": "scaling",
 }
 __all__ = [
     "Accelerator",
@@ -31,6 +32,7 @@ __all__ = [
     "LiveView",
     "NbaccelError",
     "Run",
+    "measure_scaling",
     "notebook_launcher",
     "send_to_device",
     "set_seed",
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from .errors import CheckpointError, LaunchError, NbaccelError
     from .launcher import notebook_launcher
     from .metrics import Run
+    from .scaling import measure_scaling
 
 
 def __getattr__(name: str) -> Any:

@@ -112,6 +112,7 @@ class Accelerator:
         self._samples = 0  # seen by prepared DataLoaders on this rank
         self._optimizer_steps = 0  # real steps of prepared optimizers
         self._log_calls = 0
+        self._total_steps: int | None = None
         self._next_counters = 0.0
         self._last_counters: tuple[int, int] | None = None
         self._loop = LoopState()
@@ -411,7 +412,7 @@ class Accelerator:
     @property
     def total_steps(self) -> int | None:
         """Set it (e.g. ``epochs * len(loader)``) and the progress line shows an ETA."""
-        return getattr(self, "_total_steps", None)
+        return self._total_steps
 
     @total_steps.setter
     def total_steps(self, value: int) -> None:
