@@ -81,7 +81,10 @@ _servers: dict[int, ForkServer] = {}  # process-wide by design: one helper per k
 
 def shared_server() -> ForkServer:
     server = _servers.get(os.getpid())
-    if server is None or server.process.poll() is not None:
+    if server is not None and server.process.poll() is not None:
+        server.sock.close()  # it died between launches: replace it
+        server = None
+    if server is None:
         server = _servers[os.getpid()] = ForkServer()
     return server
 
