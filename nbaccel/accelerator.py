@@ -32,7 +32,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
 from . import checkpoint
-from .data import LoopState, PreparedDataLoader, shard_dataloader
+from .data import LoopState, PreparedDataLoader, has_tensor, map_tensors, shard_dataloader
 from .display import LiveView
 from .env import CPU_VAR, MIXED_PRECISION_VAR, DistEnv, backend_for, choose_device
 from .metrics import CHANNEL_VAR, MEMORY, PANEL_VAR, SAMPLES, STEPS, Channel, Run, local_run
@@ -296,7 +296,7 @@ class Accelerator:
         """
         if not self.env.is_distributed:
             return data
-        return _map_tensors(data, self._gather_tensor)
+        return map_tensors(data, self._gather_tensor)
 
     def _gather_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         tensor = tensor.contiguous()
@@ -314,7 +314,7 @@ class Accelerator:
         """
         if not self.env.is_distributed:
             return data
-        if _has_tensor(data):
+        if has_tensor(data):
             gathered = self.gather(data)
         else:
             parts: list[Any] = [None] * self.num_processes
@@ -322,7 +322,7 @@ class Accelerator:
             gathered = [x for part in parts for x in part]
         remainder = self._loop.remainder
         if self._loop.end_of_dataloader and remainder is not None:
-            gathered = _map_tensors(gathered, lambda t: t[:remainder], lists=True)
+            gathered = map_tensors(gathered, lambda t: t[:remainder], lists=True)
         return gathered
 
     def reduce(self, tensor: Any, reduction: Literal["sum", "mean"] = "sum") -> Any:
@@ -336,7 +336,7 @@ class Accelerator:
                 dist.all_reduce(t)
             return t / self.num_processes if reduction == "mean" else t
 
-        return _map_tensors(tensor, one)
+        return map_tensors(tensor, one)
 
     def pad_across_processes(
         self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
@@ -357,7 +357,7 @@ class Accelerator:
             out.narrow(dim, start, t.shape[dim]).copy_(t)
             return out
 
-        return _map_tensors(tensor, one)
+        return map_tensors(tensor, one)
 
     def wait_for_everyone(self) -> None:
         """A barrier: every rank waits here until all have arrived."""
@@ -540,32 +540,7 @@ class _AutocastForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with self.precision.autocast():
             out = self.forward(*args, **kwargs)
-        return _map_tensors(out, lambda t: t.float() if t.is_floating_point() else t)
-
-
-def _map_tensors(data: Any, fn: Any, lists: bool = False) -> Any:
-    """Apply ``fn`` to every tensor in nested tuples/lists/dicts (and to lists, if ``lists``)."""
-    if isinstance(data, torch.Tensor):
-        return fn(data)
-    if isinstance(data, Mapping):
-        return type(data)({k: _map_tensors(v, fn, lists) for k, v in data.items()})
-    if lists and isinstance(data, list) and not _has_tensor(data):
-        return fn(data)
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_map_tensors(v, fn, lists) for v in data))
-    if isinstance(data, list | tuple):
-        return type(data)(_map_tensors(v, fn, lists) for v in data)
-    return data
-
-
-def _has_tensor(data: Any) -> bool:
-    if isinstance(data, torch.Tensor):
-        return True
-    if isinstance(data, Mapping):
-        return any(_has_tensor(v) for v in data.values())
-    if isinstance(data, list | tuple):
-        return any(_has_tensor(v) for v in data)
-    return False
+        return map_tensors(out, lambda t: t.float() if t.is_floating_point() else t)
 
 
 def _split(inputs: Any, rank: int, world_size: int, pad: bool) -> Any:

@@ -29,17 +29,40 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 
+def map_tensors(data: Any, fn: Callable[[torch.Tensor], Any], lists: bool = False) -> Any:
+    """Apply ``fn`` to every tensor inside tuples, lists, dicts and named tuples, keeping the
+    structure; with ``lists``, also to lists that hold no tensor (Python objects per sample)."""
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, Mapping):
+        return type(data)({k: map_tensors(v, fn, lists) for k, v in data.items()})
+    if lists and isinstance(data, list) and not has_tensor(data):
+        return fn(data)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # named tuple
+        return type(data)(*(map_tensors(v, fn, lists) for v in data))
+    if isinstance(data, list | tuple):
+        return type(data)(map_tensors(v, fn, lists) for v in data)
+    return data
+
+
+def has_tensor(data: Any) -> bool:
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, Mapping):
+        return any(has_tensor(v) for v in data.values())
+    if isinstance(data, list | tuple):
+        return any(has_tensor(v) for v in data)
+    return False
+
+
 def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Move every tensor inside tuples, lists, dicts and named tuples to ``device``."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=non_blocking)
-    if isinstance(obj, Mapping):
-        return type(obj)({k: send_to_device(v, device, non_blocking) for k, v in obj.items()})
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # named tuple
-        return type(obj)(*(send_to_device(v, device, non_blocking) for v in obj))
-    if isinstance(obj, list | tuple):
-        return type(obj)(send_to_device(v, device, non_blocking) for v in obj)
-    return obj
+    return map_tensors(obj, lambda t: t.to(device, non_blocking=non_blocking))
+
+
+def to_cpu(obj: Any) -> Any:
+    """Detached CPU copies of every tensor inside: plain data that can leave the process."""
+    return map_tensors(obj, lambda t: t.detach().cpu())
 
 
 @dataclass(eq=False)  # compared by identity: two passes may hold equal values

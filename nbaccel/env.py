@@ -105,6 +105,27 @@ def choose_device(local_rank: int = 0, cpu: bool = False) -> torch.device:
     return torch.device("cpu")
 
 
+def visible_gpus() -> int:
+    """CUDA devices this process may use; asks the driver without initialising CUDA in torch."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, not the machine's total)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores or 1
+
+
+def threads_per_worker(local_workers: int, environ: Mapping[str, str] | None = None) -> int:
+    """``OMP_NUM_THREADS`` if the user set it, else an even share of the cores per worker."""
+    environ = os.environ if environ is None else environ
+    if environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(int(environ["OMP_NUM_THREADS"]), 1)
+    return max(usable_cores() // local_workers, 1)
+
+
 def backend_for(device: torch.device) -> str:
     """NCCL moves CUDA tensors between GPUs; gloo handles everything else (CPU, MPS)."""
     return "nccl" if device.type == "cuda" else "gloo"

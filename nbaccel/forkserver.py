@@ -187,6 +187,7 @@ def run_worker(spec: dict, channel_fd: int, metrics_fd: int) -> int:
     import torch
     import torch.distributed as dist
 
+    from .data import to_cpu
     from .metrics import CHANNEL_VAR, flush_all
 
     faulthandler.enable()  # a segfault still prints a Python traceback into the cell
@@ -201,7 +202,7 @@ def run_worker(spec: dict, channel_fd: int, metrics_fd: int) -> int:
         value = function(*args, **kwargs)
         flush_all()  # the last records reach the notebook before the result does
         try:
-            payload = cloudpickle.dumps(_to_cpu(value))
+            payload = cloudpickle.dumps(to_cpu(value))
         except Exception as err:
             raise TypeError(
                 f"the function returned a {type(value).__name__} that cannot be sent back to "
@@ -267,20 +268,6 @@ def _is_collective_failure(err: BaseException) -> bool:
     return isinstance(err, backend_errors) or (
         isinstance(err, RuntimeError) and any(h in text for h in hints)
     )
-
-
-def _to_cpu(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return type(value)({k: _to_cpu(v) for k, v in value.items()})
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_to_cpu(v) for v in value))
-    if isinstance(value, list | tuple):
-        return type(value)(_to_cpu(v) for v in value)
-    return value
 
 
 if __name__ == "__main__":

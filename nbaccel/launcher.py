@@ -50,7 +50,7 @@ from typing import Any, ClassVar, Literal
 
 from .config import load_config
 from .display import LiveView
-from .env import CPU_VAR, MIXED_PRECISION_VAR
+from .env import CPU_VAR, MIXED_PRECISION_VAR, threads_per_worker, visible_gpus
 from .errors import LaunchError, NbaccelError, RankFailure
 from .metrics import Run, local_run
 from .precision import check_mode
@@ -119,7 +119,7 @@ def notebook_launcher(
     config = load_config()
     cpu = config.cpu if cpu is None else bool(cpu)
     mixed_precision = check_mode(mixed_precision or config.mixed_precision)
-    gpus = 0 if cpu else _visible_gpus()
+    gpus = 0 if cpu else visible_gpus()
     if num_processes is None:
         num_processes = config.num_processes or max(gpus, 1)
     _check_counts(num_processes, gpus, num_nodes, node_rank, master_port)
@@ -132,7 +132,7 @@ def notebook_launcher(
     _check_no_process_group()
 
     world_size = num_processes * num_nodes
-    threads = _threads_per_worker(num_processes)
+    threads = threads_per_worker(num_processes)
     defaults = {
         MIXED_PRECISION_VAR: mixed_precision,
         CPU_VAR: "1" if cpu else "0",
@@ -215,12 +215,6 @@ def _check_no_process_group() -> None:
         )
 
 
-def _visible_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count()  # asks the driver; does not initialise CUDA in torch
-
-
 def _loopback_interface() -> str | None:
     """The network interface that holds 127.0.0.1 ("lo" on Linux, "lo0" on macOS)."""
     import psutil
@@ -229,13 +223,6 @@ def _loopback_interface() -> str | None:
         if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
             return name
     return None
-
-
-def _threads_per_worker(local_workers: int) -> int:
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        return max(int(os.environ["OMP_NUM_THREADS"]), 1)  # the user chose
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max((cores or 1) // local_workers, 1)
 
 
 def _serialize(function, args, kwargs) -> bytes:
@@ -338,14 +325,14 @@ def _say_done(master_addr: str, master_port: int | None, node_rank: int) -> None
 def _run_here(function, args, kwargs, env: dict[str, str], run: Run) -> Any:
     """One process: run in this process, with the same environment and errors as workers;
     an Accelerator created inside records into ``run``."""
-    from .forkserver import _to_cpu
+    from .data import to_cpu
 
     changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
     saved = {k: os.environ.get(k) for k in changed}
     os.environ.update(changed)
     token = local_run.set(run)
     try:
-        return _to_cpu(function(*args, **kwargs))
+        return to_cpu(function(*args, **kwargs))
     except Exception as err:
         failure = RankFailure(0, os.getpid(), None, type(err).__qualname__, str(err))
         raise LaunchError(f"{failure.describe()} (traceback above)", [failure]) from err

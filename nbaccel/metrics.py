@@ -161,15 +161,18 @@ class Run:
     def add(self, records: list[Record]) -> None:
         self.records += records
 
-    def _by_rank(self, name: str) -> dict[int, list[Record]]:
+    def _sync(self) -> None:
         for r in self.records[self._indexed :]:
             self._index.setdefault((r.name, r.rank), []).append(r)
         self._indexed = len(self.records)
+
+    def _by_rank(self, name: str) -> dict[int, list[Record]]:
+        self._sync()
         return {rank: rs for (n, rank), rs in sorted(self._index.items()) if n == name}
 
     def names(self) -> list[str]:
         """The metric names the user logged (the library's own counters left out)."""
-        self._by_rank("")
+        self._sync()
         return sorted({n for n, _ in self._index if not n.startswith("nbaccel/")})
 
     def series(self, name: str) -> dict[int, tuple[list[int], list[float]]]:

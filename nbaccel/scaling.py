@@ -122,10 +122,11 @@ def measure_scaling(
     Every count runs in worker processes, one process included, so they compare alike. Other
     keyword arguments go to ``notebook_launcher`` (``cpu``, ``mixed_precision``, ``live``, ...).
     """
-    from .launcher import _visible_gpus, notebook_launcher
+    from .env import visible_gpus
+    from .launcher import notebook_launcher
 
     if counts is None:
-        gpus = 0 if launch.get("cpu") else _visible_gpus()
+        gpus = 0 if launch.get("cpu") else visible_gpus()
         counts = range(1, gpus + 1) if gpus > 1 else (1, 2)
     counts = list(counts)
     if not counts or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):

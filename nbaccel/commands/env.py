@@ -10,6 +10,7 @@ import sys
 from dataclasses import asdict
 
 from ..config import config_path, load_config
+from ..env import usable_cores, visible_gpus
 
 
 def env_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -35,8 +36,8 @@ def report() -> dict[str, str]:
 
     from .. import __version__
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    gpus = torch.cuda.device_count()
+    cores = usable_cores()
+    gpus = visible_gpus()
     names = [torch.cuda.get_device_name(i) for i in range(gpus)]  # initialises CUDA: fine here
     mps = getattr(torch.backends, "mps", None)
     return {

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from ..env import CPU_VAR, MIXED_PRECISION_VAR
+from ..env import CPU_VAR, MIXED_PRECISION_VAR, threads_per_worker, visible_gpus
 from ..metrics import PANEL_VAR
 from ..precision import MODES
 from . import UsageError, positive_int, saved_config
@@ -55,7 +55,7 @@ def launch_command(args: argparse.Namespace) -> int:
     check_arguments(args)
     config = saved_config()
     cpu = config.cpu if args.cpu is None else args.cpu
-    gpus = 0 if cpu else _visible_gpus()
+    gpus = 0 if cpu else visible_gpus()
     nproc = args.num_processes or config.num_processes or max(gpus, 1)
     check_gpus(nproc, gpus)
     env = {
@@ -65,9 +65,7 @@ def launch_command(args: argparse.Namespace) -> int:
     }
     if args.save_panel:
         env[PANEL_VAR] = os.path.abspath(args.save_panel)
-    if not env.get("OMP_NUM_THREADS"):  # the user's choice wins; else share the cores evenly
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        env["OMP_NUM_THREADS"] = str(max((cores or 1) // nproc, 1))
+    env["OMP_NUM_THREADS"] = str(threads_per_worker(nproc, env))  # the user's choice wins
     outcome = run_torchrun(torchrun_command(args, nproc), env)
     if outcome.signal is not None:
         name = signal.Signals(outcome.signal).name
@@ -117,9 +115,3 @@ def check_gpus(nproc: int, gpus: int) -> None:
             f"--num-processes {nproc} but this machine has {gpus} visible GPU(s): one process "
             f"per GPU. Use -n {gpus} or fewer, or --cpu to run {nproc} processes on the CPU."
         )
-
-
-def _visible_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count()  # asks the driver; does not initialise CUDA

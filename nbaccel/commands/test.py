@@ -11,6 +11,7 @@ import argparse
 import time
 from itertools import pairwise
 
+from ..env import visible_gpus
 from ..errors import NbaccelError
 
 
@@ -29,11 +30,9 @@ def test_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPars
 
 
 def test_command(args: argparse.Namespace) -> int:
-    import torch
-
     from .. import notebook_launcher
 
-    cpu = torch.cuda.device_count() < 2
+    cpu = visible_gpus() < 2
     where = "2 CPU processes (gloo)" if cpu else "2 GPUs (NCCL)"
     start = time.perf_counter()
     try:
