@@ -24,6 +24,7 @@ _EXPORTS = {
     "Run": "metrics",
     "LiveView": "display",
     "measure_scaling": "scaling",
+    "Tracker": "tracker",
 }
 __all__ = [
     "Accelerator",
@@ -32,6 +33,7 @@ __all__ = [
     "LiveView",
     "NbaccelError",
     "Run",
+    "Tracker",
     "measure_scaling",
     "notebook_launcher",
     "send_to_device",
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     from .launcher import notebook_launcher
     from .metrics import Run
     from .scaling import measure_scaling
+    from .tracker import Tracker
 
 
 def __getattr__(name: str) -> Any:

@@ -21,7 +21,6 @@ import contextlib
 import logging
 import os
 import random
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
@@ -35,9 +34,10 @@ from . import checkpoint
 from .data import LoopState, PreparedDataLoader, has_tensor, map_tensors, shard_dataloader
 from .display import LiveView
 from .env import CPU_VAR, MIXED_PRECISION_VAR, DistEnv, backend_for, choose_device
-from .metrics import CHANNEL_VAR, MEMORY, PANEL_VAR, SAMPLES, STEPS, Channel, Run, local_run
+from .metrics import Run
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .precision import MixedPrecision, Precision, check_mode
+from .tracker import Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -101,20 +101,10 @@ class Accelerator:
         self.step = 0  # micro-batches seen by accumulate() in this window-aligned count
         self.sync_gradients = True  # False on the micro-batches that only accumulate
         # Metrics: to the launcher when one listens; otherwise kept here in ``run``.
-        self.run: Run | None = None
-        if os.environ.get(CHANNEL_VAR) is None:  # nobody listens: keep the records here
-            self.run = local_run.get() or Run(world_size=1)
-        if self.run is not None and self.env.is_distributed:
-            self.run.label = f"rank {self.rank} of {self.num_processes}"
-        self.metrics = Channel.from_environ(self.rank, self.run)
-        self._live = bool(live) and self.run is not None and self.is_main_process
-        self._view: LiveView | None = live if isinstance(live, LiveView) else None
-        self._samples = 0  # seen by prepared DataLoaders on this rank
-        self._optimizer_steps = 0  # real steps of prepared optimizers
-        self._log_calls = 0
-        self._total_steps: int | None = None
-        self._next_counters = 0.0
-        self._last_counters: tuple[int, int] | None = None
+        memory = self._max_memory_mb if self.device.type == "cuda" else None
+        self.tracker = Tracker(live=live, memory=memory)
+        self.run: Run | None = self.tracker.run
+        self.metrics = self.tracker.channel
         self._loop = LoopState()
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
@@ -194,7 +184,7 @@ class Accelerator:
         if isinstance(obj, DataLoader):
             loader = shard_dataloader(obj, self.rank, self.num_processes, self._shared_seed)
             return PreparedDataLoader(
-                loader, self.device, self._loop, self._count_samples, self._epoch_done
+                loader, self.device, self._loop, self.tracker.count, self.tracker.epoch_done
             )
         if isinstance(obj, LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau):
             scheduler = AcceleratedScheduler(obj, self)
@@ -393,64 +383,19 @@ class Accelerator:
         ``step`` defaults to the number of earlier ``log`` calls on this rank, which lines the
         ranks up. Never blocks training: values wait in a bounded buffer (drops are counted).
         """
-        record: dict[str, float] = {}
-        for key, value in values.items():
-            if isinstance(value, torch.Tensor):
-                if value.numel() != 1:
-                    raise TypeError(
-                        f"log() got {key}= a tensor of shape {tuple(value.shape)}; log single "
-                        f"numbers, e.g. {key}=tensor.mean()"
-                    )
-                value = value.item()
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"log() got {key}={value!r}; it records numbers only")
-            record[key] = float(value)
-        self.metrics.add(self._log_calls if step is None else step, record)
-        self._log_calls += 1
-        self._tick()
+        self.tracker.log(values, step)
 
     @property
     def total_steps(self) -> int | None:
         """Set it (e.g. ``epochs * len(loader)``) and the progress line shows an ETA."""
-        return self._total_steps
+        return self.tracker.total_steps
 
     @total_steps.setter
     def total_steps(self, value: int) -> None:
-        self._total_steps = value
-        self.metrics.add(0, {"nbaccel/total_steps": float(value)})
+        self.tracker.total_steps = value
 
-    def _count_samples(self, n: int) -> None:
-        self._samples += n
-        self._tick()
-
-    def _tick(self) -> None:
-        """Every quarter second: record the counters, send, redraw. Cheap between times."""
-        now = time.monotonic()
-        if now < self._next_counters:
-            return
-        self._next_counters = now + 0.25
-        self._record_counters()
-        self.metrics.tick()
-        if self._live:
-            self._view = self._view or LiveView(save_png=os.environ.get(PANEL_VAR))
-            self._view.update(self.run)
-
-    def _epoch_done(self) -> None:
-        """At the end of each pass over the data, the counters and the line are up to date
-        even if ``end_training`` is never called (the panel keeps its own pace)."""
-        self._next_counters = 0.0
-        if self._view is not None:
-            self._view.refresh_text()
-        self._tick()
-
-    def _record_counters(self) -> None:
-        if (self._samples, self._optimizer_steps) == self._last_counters:
-            return  # nothing new: a repeat would read as a rate of zero
-        self._last_counters = (self._samples, self._optimizer_steps)
-        counters = {SAMPLES: float(self._samples), STEPS: float(self._optimizer_steps)}
-        if self.device.type == "cuda":
-            counters[MEMORY] = torch.cuda.max_memory_allocated(self.device) / 2**20
-        self.metrics.add(self._optimizer_steps, counters)
+    def _max_memory_mb(self) -> float:
+        return torch.cuda.max_memory_allocated(self.device) / 2**20
 
     # -- models and checkpoints ------------------------------------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True):
@@ -522,10 +467,7 @@ class Accelerator:
     def end_training(self) -> None:
         """Send the last metrics, draw the final view, and destroy the process group this
         Accelerator created (safe to call twice)."""
-        self._record_counters()
-        self.metrics.flush()
-        if self._view is not None:
-            self._view.close(self.run)
+        self.tracker.close()
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_process_group = False

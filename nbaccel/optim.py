@@ -59,7 +59,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             return None
         self.stepped = self._accelerator.precision.step(self.optimizer, closure)
         self.step_was_skipped = not self.stepped
-        self._accelerator._optimizer_steps += self.stepped
+        self._accelerator.tracker.count(optimizer_steps=int(self.stepped))
         self._accelerator._grads_pending = False
         return None
 

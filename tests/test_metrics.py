@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from nbaccel import Accelerator
+from nbaccel import Accelerator, Tracker, notebook_launcher
+from nbaccel.display import progress
 from nbaccel.metrics import SAMPLES, STEPS, Channel, Record, Run, decode
 
 
@@ -163,3 +164,31 @@ def test_counters_are_current_at_the_end_of_each_epoch_without_end_training():
     accelerator.end_training()
     assert accelerator.run.latest(SAMPLES) == {0: 100.0}
     assert len(accelerator.run.series(SAMPLES)[0][0]) <= 4  # no repeats of unchanged counters
+
+
+def test_a_plain_loop_tracks_loss_and_samples_without_the_accelerator():
+    with Tracker(total_steps=5, live=False) as tracker:
+        for step in range(5):
+            tracker.log({"loss": torch.tensor(1.0 / 2**step)}, samples=8)
+    assert tracker.run.series("loss")[0] == ([0, 1, 2, 3, 4], [1.0, 0.5, 0.25, 0.125, 0.0625])
+    assert tracker.run.latest(SAMPLES) == {0: 40.0}
+    assert tracker.run.latest(STEPS) == {}  # no optimizer counted: the log calls are the steps
+    assert progress(tracker.run, 5).startswith("step 4/5 | 1 rank |")
+    with pytest.raises(TypeError, match="numbers only"):
+        tracker.log({"loss": "low"})
+
+
+@pytest.mark.multiprocess
+def test_a_plain_loop_in_launched_workers_reaches_the_notebook():
+    def work():
+        from nbaccel import Tracker
+
+        tracker = Tracker(total_steps=3)
+        for step in range(3):
+            tracker.log({"loss": float(step)}, samples=4)
+        tracker.close()
+
+    run = Run()
+    notebook_launcher(work, num_processes=2, run=run, timeout=120)
+    assert run.series("loss") == {r: ([0, 1, 2], [0.0, 1.0, 2.0]) for r in (0, 1)}
+    assert run.latest(SAMPLES) == {0: 12.0, 1: 12.0}

@@ -1,0 +1,142 @@
+"""Loss and throughput from any training loop to the live view: the Accelerator's, or your own.
+
+In a worker started by ``notebook_launcher`` the numbers go to the notebook that launched it.
+Anywhere else (a loop in the notebook itself, torchrun) they are kept in ``tracker.run`` and the
+main process draws them: a panel in a notebook, a progress line in a terminal.
+
+    tracker = Tracker(total_steps=epochs * len(loader))
+    for inputs, labels in loader:
+        ...
+        tracker.log({"loss": loss}, samples=len(inputs))  # samples feed the throughput curve
+    tracker.close()
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .display import LiveView
+from .env import DistEnv
+from .metrics import CHANNEL_VAR, MEMORY, PANEL_VAR, SAMPLES, STEPS, Channel, Run, local_run
+
+
+class Tracker:
+    """Records numbers for the live view. Never blocks training and never raises on a full
+    buffer (drops are counted).
+
+    Args:
+        total_steps: the number of ``log`` calls to expect; the progress line shows an ETA.
+        live: draw the view on the main process when nobody else does (``False``: only record),
+            or a ``LiveView`` to draw into.
+        memory: a callable returning this rank's peak memory in MiB, sampled with the counters.
+    """
+
+    def __init__(
+        self,
+        total_steps: int | None = None,
+        live: bool | LiveView = True,
+        memory: Callable[[], float] | None = None,
+    ) -> None:
+        env = DistEnv.from_environ()
+        self.rank = env.rank
+        self.run: Run | None = None  # kept here only when no launcher listens
+        if os.environ.get(CHANNEL_VAR) is None:
+            self.run = local_run.get() or Run(world_size=1)
+            if env.is_distributed:
+                self.run.label = f"rank {env.rank} of {env.world_size}"
+        self.channel = Channel.from_environ(env.rank, self.run)
+        self._live = bool(live) and self.run is not None and env.rank == 0
+        self._view: LiveView | None = live if isinstance(live, LiveView) else None
+        self._memory = memory
+        self.samples = 0  # cumulative on this rank
+        self.optimizer_steps = 0
+        self._calls = 0
+        self._next_counters = 0.0
+        self._last_counters: tuple[int, int] | None = None
+        self._total_steps: int | None = None
+        if total_steps is not None:
+            self.total_steps = total_steps
+
+    @property
+    def total_steps(self) -> int | None:
+        return self._total_steps
+
+    @total_steps.setter
+    def total_steps(self, value: int) -> None:
+        self._total_steps = value
+        self.channel.add(0, {"nbaccel/total_steps": float(value)})
+
+    def log(
+        self, values: Mapping[str, Any], step: int | None = None, samples: int | None = None
+    ) -> None:
+        """Record numbers (floats, ints, 0-d tensors). ``step`` defaults to the number of
+        earlier ``log`` calls on this rank, which lines the ranks up; ``samples`` adds to the
+        count that throughput is computed from (the Accelerator counts them by itself)."""
+        record: dict[str, float] = {}
+        for key, value in values.items():
+            if hasattr(value, "numel") and hasattr(value, "item"):  # a tensor, without torch
+                if value.numel() != 1:
+                    raise TypeError(
+                        f"log() got {key}= a tensor of shape {tuple(value.shape)}; log single "
+                        f"numbers, e.g. {key}=tensor.mean()"
+                    )
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"log() got {key}={value!r}; it records numbers only")
+            record[key] = float(value)
+        self.channel.add(self._calls if step is None else step, record)
+        self._calls += 1
+        if samples:
+            self.samples += samples
+        self.tick()
+
+    def count(self, samples: int = 0, optimizer_steps: int = 0) -> None:
+        self.samples += samples
+        self.optimizer_steps += optimizer_steps
+        self.tick()
+
+    def tick(self) -> None:
+        """Every quarter second: record the counters, send, redraw. Cheap between times."""
+        now = time.monotonic()
+        if now < self._next_counters:
+            return
+        self._next_counters = now + 0.25
+        self._record_counters()
+        self.channel.tick()
+        if self._live:
+            self._view = self._view or LiveView(save_png=os.environ.get(PANEL_VAR))
+            self._view.update(self.run)
+
+    def epoch_done(self) -> None:
+        """Bring the counters and the progress line up to date (the panel keeps its pace)."""
+        self._next_counters = 0.0
+        if self._view is not None:
+            self._view.refresh_text()
+        self.tick()
+
+    def _record_counters(self) -> None:
+        if (self.samples, self.optimizer_steps) == self._last_counters:
+            return  # nothing new: a repeat would read as a rate of zero
+        self._last_counters = (self.samples, self.optimizer_steps)
+        counters = {SAMPLES: float(self.samples)}
+        if self.optimizer_steps:  # a loop that counts no steps shows its log calls as steps
+            counters[STEPS] = float(self.optimizer_steps)
+        if self._memory is not None:
+            counters[MEMORY] = self._memory()
+        self.channel.add(self.optimizer_steps, counters)
+
+    def close(self) -> None:
+        """Send the last numbers and draw the final view (safe to call twice)."""
+        self._record_counters()
+        self.channel.flush()
+        if self._view is not None:
+            self._view.close(self.run)
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
