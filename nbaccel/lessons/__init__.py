@@ -1,6 +1,15 @@
-"""Small models and datasets the lessons share. Everything is generated: nothing downloads."""
+"""Models, datasets and measuring tools the lesson notebooks share. Nothing downloads."""
 
-from .data import make_spirals
+from .data import load_digits, make_spirals
 from .models import MLP
+from .tools import AllReduceCounter, accuracy, gradient_bytes, machine
 
-__all__ = ["MLP", "make_spirals"]
+__all__ = [
+    "MLP",
+    "AllReduceCounter",
+    "accuracy",
+    "gradient_bytes",
+    "load_digits",
+    "machine",
+    "make_spirals",
+]
