@@ -48,8 +48,8 @@ def progress(run: Run, total_steps: int | None = None) -> str:
     name = loss_name(run)
     steps = run.latest(STEPS)
     step = int(max(steps.values())) if steps else None
-    if step is None and name:
-        step = max(run.latest_step(name).values())
+    if step is None and name:  # no optimizer counted: steps done = the last step index + 1
+        step = max(run.latest_step(name).values()) + 1
     if step is not None:
         parts.append(f"step {step}" + (f"/{total_steps}" if total_steps else ""))
     parts.append(run.label or f"{run.world_size} rank{'s' if run.world_size > 1 else ''}")

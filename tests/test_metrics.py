@@ -173,7 +173,7 @@ def test_a_plain_loop_tracks_loss_and_samples_without_the_accelerator():
     assert tracker.run.series("loss")[0] == ([0, 1, 2, 3, 4], [1.0, 0.5, 0.25, 0.125, 0.0625])
     assert tracker.run.latest(SAMPLES) == {0: 40.0}
     assert tracker.run.latest(STEPS) == {}  # no optimizer counted: the log calls are the steps
-    assert progress(tracker.run, 5).startswith("step 4/5 | 1 rank |")
+    assert progress(tracker.run, 5).startswith("step 5/5 | 1 rank |")
     with pytest.raises(TypeError, match="numbers only"):
         tracker.log({"loss": "low"})
 
