@@ -82,7 +82,10 @@ class Scaling:
         speed_ax.legend(fontsize=8)
         eff_ax.plot(counts, [r["efficiency"] for r in rows], "o-")
         eff_ax.axhline(1.0, ls="--", color="gray")
-        eff_ax.set(xlabel="processes", title="scaling efficiency", xticks=counts, ylim=(0, 1.2))
+        top = max(
+            [1.2] + [1.1 * r["efficiency"] for r in rows if r["efficiency"] == r["efficiency"]]
+        )
+        eff_ax.set(xlabel="processes", title="scaling efficiency", xticks=counts, ylim=(0, top))
         for n, run in sorted(self.runs.items()):
             name = loss_name(run)
             if name:
@@ -91,7 +94,8 @@ class Scaling:
                 loss_ax.plot([by_step[s] - run.started for s in steps], values, label=f"{n} proc")
                 loss_ax.set(ylabel=name)
         loss_ax.set(xlabel="wall-clock seconds", title="loss")
-        loss_ax.legend(fontsize=8)
+        if loss_ax.lines:
+            loss_ax.legend(fontsize=8)
         return fig
 
     def save_png(self, path: str) -> None:
@@ -101,6 +105,14 @@ class Scaling:
 
     def _repr_markdown_(self) -> str:
         return self.table()
+
+    def _ipython_display_(self) -> None:
+        """In a notebook: the table, then the figure (a front end shows one format per
+        output, so they go out as two)."""
+        from IPython.display import Image, Markdown, display
+
+        display(Markdown(self.table()))
+        display(Image(self._repr_png_()))
 
     def _repr_png_(self) -> bytes:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -125,9 +137,9 @@ def measure_scaling(
     from .env import visible_gpus
     from .launcher import notebook_launcher
 
-    if counts is None:
+    if counts is None:  # one GPU: one process (a second would need a second GPU, or cpu=True)
         gpus = 0 if launch.get("cpu") else visible_gpus()
-        counts = range(1, gpus + 1) if gpus > 1 else (1, 2)
+        counts = range(1, gpus + 1) if gpus else (1, 2)
     counts = list(counts)
     if not counts or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
         raise ValueError(f"counts={counts!r} must be positive ints, e.g. counts=(1, 2)")

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from nbaccel.scaling import measure_scaling
+from nbaccel.metrics import SAMPLES, Record, Run
+from nbaccel.scaling import Scaling, measure_scaling
 
 pytestmark = pytest.mark.multiprocess
 
@@ -98,3 +99,30 @@ def test_the_cli_names_a_bad_target(tmp_path):
         env=env,
     )
     assert out.returncode == 1 and "does not name a function" in out.stderr
+
+
+@pytest.mark.parametrize(("gpus", "expected"), [(0, [1, 2]), (1, [1]), (3, [1, 2, 3])])
+def test_default_counts_fit_the_gpus(monkeypatch, gpus, expected):
+    import nbaccel.env
+    import nbaccel.launcher
+
+    launched = []
+    monkeypatch.setattr(nbaccel.env, "visible_gpus", lambda: gpus)
+    monkeypatch.setattr(
+        nbaccel.launcher,
+        "notebook_launcher",
+        lambda *a, num_processes, **k: launched.append(num_processes),
+    )
+    assert list(measure_scaling(print).runs) == expected == launched
+
+
+def test_a_notebook_shows_the_table_and_the_figure(monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    run = Run(world_size=1)
+    run.add([Record(0, s, 100.0 + s, SAMPLES, 10.0 * s) for s in range(3)])
+    Scaling(runs={1: run})._ipython_display_()
+    assert [type(x).__name__ for x in shown] == ["Markdown", "Image"]
+    assert shown[0].data.startswith("| processes |") and shown[1].data[:4] == b"\x89PNG"
