@@ -103,6 +103,7 @@ class Accelerator:
         # Metrics: to the launcher when one listens; otherwise kept here in ``run``.
         memory = self._max_memory_mb if self.device.type == "cuda" else None
         self.tracker = Tracker(live=live, memory=memory)
+        self._total_steps: int | None = None
         self.run: Run | None = self.tracker.run
         self.metrics = self.tracker.channel
         self._loop = LoopState()
@@ -387,12 +388,15 @@ class Accelerator:
 
     @property
     def total_steps(self) -> int | None:
-        """Set it (e.g. ``epochs * len(loader)``) and the progress line shows an ETA."""
-        return self.tracker.total_steps
+        """Set it to the batches the loop will take (e.g. ``epochs * len(loader)``) and the
+        progress line shows an ETA. The line counts optimizer steps, so with accumulation over
+        K batches it shows ``total_steps / K`` (rounded up) as the total."""
+        return self._total_steps
 
     @total_steps.setter
     def total_steps(self, value: int) -> None:
-        self.tracker.total_steps = value
+        self._total_steps = value
+        self.tracker.total_steps = -(-value // self.gradient_accumulation_steps)
 
     def _max_memory_mb(self) -> float:
         return torch.cuda.max_memory_allocated(self.device) / 2**20

@@ -192,3 +192,11 @@ def test_a_plain_loop_in_launched_workers_reaches_the_notebook():
     notebook_launcher(work, num_processes=2, run=run, timeout=120)
     assert run.series("loss") == {r: ([0, 1, 2], [0.0, 1.0, 2.0]) for r in (0, 1)}
     assert run.latest(SAMPLES) == {0: 12.0, 1: 12.0}
+
+
+def test_total_steps_counts_batches_and_the_line_counts_optimizer_steps():
+    accelerator = Accelerator(gradient_accumulation_steps=4, live=False)
+    accelerator.total_steps = 10  # batches
+    assert accelerator.total_steps == 10
+    assert accelerator.run.latest("nbaccel/total_steps") == {0: 3.0}  # optimizer steps
+    accelerator.end_training()
