@@ -473,6 +473,12 @@ class Accelerator:
         Accelerator created (safe to call twice)."""
         self.tracker.close()
         if self._owns_process_group and dist.is_initialized():
+            # A DDP model that outlives its gloo group can deadlock when it is freed: its
+            # Reducer, then the last owner of the group, tears the group down while holding the
+            # GIL that a gloo thread is waiting for. Free the Reducers while the group lives.
+            for model in self._models:
+                if isinstance(model, DistributedDataParallel):
+                    model.reducer = None
             dist.destroy_process_group()
         self._owns_process_group = False
 

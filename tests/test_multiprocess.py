@@ -201,3 +201,19 @@ def resume(folder: str) -> bool:
 
 def test_save_state_then_load_state_continues_bit_identically(tmp_path):
     assert run_ranks(resume, str(tmp_path / "ckpt")) == [True, True]
+
+
+def outlive_the_group() -> tuple[bool, bool]:
+    """A model still referenced after end_training, as a user's local variable would be."""
+    accelerator = Accelerator(live=False)
+    model = accelerator.prepare(make_model())
+    accelerator.backward(model(torch.randn(16, 8)).sum())  # a fresh all-reduce
+    accelerator.end_training()
+    return model.reducer is None, torch.distributed.is_initialized()
+
+
+def test_a_model_that_outlives_end_training_has_let_go_of_the_group():
+    # Plain PyTorch with gloo: a DDP model freed after destroy_process_group hung within 60
+    # rounds here (its Reducer tore the group down holding the GIL a gloo thread waited for);
+    # with the Reducer freed first, 200 rounds passed. end_training frees it first.
+    assert run_ranks(outlive_the_group) == [(True, False), (True, False)]
