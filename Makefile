@@ -4,8 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 STAMP  := $(VENV)/.installed
+# As if the venv were activated: the lessons' `!nbaccel ...` cells find the command.
+export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: demo test lint bench clean
+.PHONY: demo lessons lab test lint bench clean
 
 # Reinstall whenever the pins or the declared dependencies change.
 $(STAMP): pyproject.toml constraints.txt
@@ -13,9 +15,16 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e '.[notebook,test,dev]'
 	touch $(STAMP)
 
-# torchrun starts 2 workers; one thread each, as 2 workers share 2 cores here.
+# The flagship lesson, headless in a real kernel on 2 CPU workers; prints where the results are.
 demo: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m torch.distributed.run --standalone --nproc-per-node 2 -m nbaccel.lessons.demo
+	$(BIN)/python -m nbaccel.lessons.runner demo --out results/demo
+
+# Re-execute every lesson in place (their committed outputs come from this).
+lessons: $(STAMP)
+	$(BIN)/python -m nbaccel.lessons.runner lessons
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

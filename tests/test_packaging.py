@@ -2,18 +2,39 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
+CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name, where they differ
 
 
-def body(path: Path) -> list[str]:
-    lines = path.read_text().splitlines()
-    return lines[next(i for i, line in enumerate(lines) if line.startswith("name:")) :]
+def declared(group: str) -> list[str]:
+    """Package names in pyproject's ``group = [...]`` line (dependencies or an extra)."""
+    pyproject = (ROOT / "pyproject.toml").read_text()  # tomllib is not in Python 3.10
+    entries = re.search(rf"^{group} = \[(.*)\]$", pyproject, re.M).group(1)
+    return [re.split(r"[<>=\[ ]", e.strip().strip('"'))[0] for e in entries.split(",")]
 
 
-def test_binder_and_conda_install_the_same_environment():
-    assert body(ROOT / "binder" / "environment.yml") == body(ROOT / "environment.yml")
+def conda_packages(path: Path) -> tuple[set[str], list]:
+    spec = yaml.safe_load(path.read_text())
+    names = {re.split(r"[<>= ]", d)[0] for d in spec["dependencies"] if isinstance(d, str)}
+    pip = [d["pip"] for d in spec["dependencies"] if isinstance(d, dict)]
+    return names, pip
+
+
+def test_binder_and_conda_name_every_runtime_dependency():
+    needed = {CONDA_NAMES.get(n, n) for n in declared("dependencies") + declared("notebook")}
+    needed |= {"nbval", "ipykernel", "python"}  # the lessons are tested with nbval
+    binder, binder_pip = conda_packages(ROOT / "binder" / "environment.yml")
+    root, root_pip = conda_packages(ROOT / "environment.yml")
+    assert needed <= binder, f"binder/environment.yml lacks {needed - binder}"
+    assert needed <= root, f"environment.yml lacks {needed - root}"
+    assert binder == root, "the two environments should name the same packages"
+    assert binder_pip == [] and root_pip == [["--no-deps -e ."]]
+    assert "pip install --no-deps" in (ROOT / "binder" / "postBuild").read_text()
 
 
 def test_the_package_declares_a_range_and_ci_pins_one_torch():

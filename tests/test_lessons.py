@@ -1,0 +1,107 @@
+"""The lesson notebooks: their shape, their committed outputs, and the runner behind
+``make lessons`` / ``make demo``. nbval executes the notebooks themselves (notebooks/)."""
+
+from __future__ import annotations
+
+import base64
+
+import nbformat
+import pytest
+
+from nbaccel.lessons import runner
+
+LESSONS = runner.lessons()
+NAMES = [
+    "01_data_parallel.ipynb",
+    "02_ddp.ipynb",
+    "03_amp.ipynb",
+    "04_accelerate.ipynb",
+    "05_scaling_lab.ipynb",
+]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_five_lessons_are_there():
+    assert [p.name for p in LESSONS] == NAMES
+
+
+def code(notebook) -> list:
+    return [c for c in notebook.cells if c.cell_type == "code"]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_a_lesson_follows_the_conventions(path):
+    notebook = nbformat.read(path, as_version=4)
+    nbformat.validate(notebook)
+    first = notebook.cells[0]
+    assert first.cell_type == "markdown" and first.source.startswith("# Lesson ")
+    assert "**Goals.**" in first.source and "**Time:**" in first.source
+    assert code(notebook)[0].source.startswith('SIZE = "small"')
+    assert any(c.source.startswith("# Check:") for c in code(notebook)), "no check cell"
+    solutions = [c for c in code(notebook) if c.source.startswith("# Solution")]
+    assert solutions, "exercises need solutions"
+    for cell in solutions:
+        assert "solution" in cell.metadata.get("tags", [])
+        assert cell.metadata.get("jupyter", {}).get("source_hidden") is True
+    assert any(c.source.startswith("## Exercises") for c in notebook.cells)
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_a_lesson_is_committed_executed_with_clean_metadata(path):
+    notebook = nbformat.read(path, as_version=4)
+    assert set(notebook.metadata) == {"kernelspec", "language_info"}
+    cells = code(notebook)
+    assert all(c.execution_count is not None for c in cells), "run `make lessons`"
+    counts = [c.execution_count for c in cells]
+    assert counts == sorted(counts), "executed top to bottom, in one kernel"
+    outputs = [o for c in cells for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert images, "the live view's panels should be in the committed notebook"
+    assert all(base64.b64decode(o.data["image/png"])[:8] == PNG for o in images)
+    assert all("execution" not in c.metadata for c in cells)
+
+
+def make_notebook(path, *sources: str, tag_last: bool = False) -> None:
+    cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    if tag_last:
+        cells[-1].metadata["tags"] = [runner.PANEL_TAG]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
+
+
+PANEL = """
+from IPython.display import Image, display
+from nbaccel.display import png
+from nbaccel.metrics import Record, Run
+run = Run()
+run.add([Record(0, s, 100.0 + s, "loss", 1 / (s + 1)) for s in range(5)])
+display(Image(png(run)))
+"""
+
+
+@pytest.mark.multiprocess
+def test_the_runner_writes_back_only_a_run_that_passed(tmp_path):
+    good, bad = tmp_path / "01_good.ipynb", tmp_path / "02_bad.ipynb"
+    make_notebook(good, "from pathlib import Path\nprint(Path.cwd().name)")
+    make_notebook(bad, "x = 1", "raise ValueError('broken lesson')")
+    before = bad.read_bytes()
+    runner.execute(good)
+    ran = nbformat.read(good, as_version=4)
+    assert ran.cells[0].outputs[0].text == f"{tmp_path.name}\n"  # ran in its own folder
+    assert set(ran.metadata) == {"kernelspec", "language_info"}
+    with pytest.raises(Exception, match="broken lesson"):
+        runner.execute(bad)
+    assert bad.read_bytes() == before and not list(tmp_path.glob(".*partial"))
+
+
+@pytest.mark.multiprocess
+def test_demo_writes_the_executed_flagship_and_its_final_panel(tmp_path, monkeypatch, capsys):
+    lessons = tmp_path / "notebooks"
+    lessons.mkdir()
+    make_notebook(lessons / runner.FLAGSHIP, "x = 1", PANEL, tag_last=True)
+    monkeypatch.setattr(runner, "NOTEBOOKS", lessons)
+    assert runner.main(["demo", "--out", str(tmp_path / "results")]) == 0
+    panel = tmp_path / "results" / "final_panel.png"
+    assert panel.read_bytes()[:8] == PNG
+    assert (tmp_path / "results" / runner.FLAGSHIP).exists()
+    assert str(panel) in capsys.readouterr().out
