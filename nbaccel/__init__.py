@@ -25,10 +25,12 @@ _EXPORTS = {
     "LiveView": "display",
     "measure_scaling": "scaling",
     "Tracker": "tracker",
+    "FSDPPlugin": "sharding",
 }
 __all__ = [
     "Accelerator",
     "CheckpointError",
+    "FSDPPlugin",
     "LaunchError",
     "LiveView",
     "NbaccelError",
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from .launcher import notebook_launcher
     from .metrics import Run
     from .scaling import measure_scaling
+    from .sharding import FSDPPlugin
     from .tracker import Tracker
 
 

@@ -37,6 +37,7 @@ from .env import CPU_VAR, MIXED_PRECISION_VAR, DistEnv, backend_for, choose_devi
 from .metrics import Run
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .precision import MixedPrecision, Precision, check_mode
+from .sharding import FSDPPlugin, full_tensors, is_sharded, shard_model, swap_parameters
 from .tracker import Tracker
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class Accelerator:
             live view on the main process: the panel in a notebook, a progress line on stderr
             elsewhere (or pass your own ``LiveView``). Under ``notebook_launcher`` the notebook
             draws it, whatever this says.
+        fsdp_plugin: shard parameters, gradients and optimizer state over the ranks with
+            PyTorch's FSDP2 instead of replicating them with DDP (``nbaccel.sharding``).
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class Accelerator:
         gradient_accumulation_steps: int = 1,
         cpu: bool | None = None,
         live: bool | LiveView = True,
+        fsdp_plugin: FSDPPlugin | None = None,
     ) -> None:
         if mixed_precision is None:
             mixed_precision = os.environ.get(MIXED_PRECISION_VAR) or "no"  # type: ignore[assignment]
@@ -84,6 +88,15 @@ class Accelerator:
                 f"gradient_accumulation_steps={gradient_accumulation_steps} must be a positive "
                 "int; use 1 to step the optimizer on every batch."
             )
+        if fsdp_plugin is not None and not isinstance(fsdp_plugin, FSDPPlugin):
+            raise TypeError(f"fsdp_plugin={fsdp_plugin!r} must be an nbaccel.FSDPPlugin")
+        if fsdp_plugin is not None and mixed_precision == "fp16":
+            raise ValueError(
+                "mixed_precision='fp16' with FSDP needs a sharded gradient scaler, which nbaccel "
+                "does not provide yet; use mixed_precision='bf16' (no scaler needed) or DDP."
+            )
+        self.fsdp_plugin = fsdp_plugin
+        self._new_parameters: dict[int, torch.nn.Parameter] = {}  # replaced by FSDP sharding
         self.env = DistEnv.from_environ()
         if cpu is None:
             cpu = os.environ.get(CPU_VAR) == "1"
@@ -170,7 +183,12 @@ class Accelerator:
           ``nbaccel.data``), already on ``device``.
         * LR scheduler: steps only when its optimizer really stepped.
         """
-        prepared = [self._prepare_one(obj) for obj in objects]
+        # models first: sharding replaces parameters that the optimizers must then point at
+        prepared = list(objects)
+        for i in sorted(
+            range(len(objects)), key=lambda i: not isinstance(objects[i], torch.nn.Module)
+        ):
+            prepared[i] = self._prepare_one(objects[i])
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def _prepare_one(self, obj: Any) -> Any:
@@ -179,6 +197,7 @@ class Accelerator:
         if isinstance(obj, torch.nn.Module):
             return self._prepare_model(obj)
         if isinstance(obj, torch.optim.Optimizer):
+            swap_parameters(obj, self._new_parameters)
             optimizer = AcceleratedOptimizer(obj, self)
             self._optimizers.append(optimizer)
             return optimizer
@@ -200,10 +219,19 @@ class Accelerator:
     def _prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         model = model.to(self.device)
         trainable = any(p.requires_grad for p in model.parameters())
-        if self.env.is_distributed and trainable and not isinstance(model, DistributedDataParallel):
+        if self.fsdp_plugin and self.env.is_distributed and trainable and not is_sharded(model):
+            before = {name: id(p) for name, p in model.named_parameters()}
+            model = shard_model(model, self.fsdp_plugin, self.device, self.precision.dtype)
+            after = dict(model.named_parameters())
+            self._new_parameters.update({before[n]: after[n] for n in before if n in after})
+            for optimizer in self._optimizers:  # prepared in an earlier call
+                swap_parameters(optimizer.optimizer, self._new_parameters)
+        elif (
+            self.env.is_distributed and trainable and not isinstance(model, DistributedDataParallel)
+        ):
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = DistributedDataParallel(model, device_ids=ids)
-        if self.precision.dtype is not None:
+        if self.precision.dtype is not None and not is_sharded(model):
             model.forward = _AutocastForward(model.forward, self.precision)
         self._models.append(model)
         return model
@@ -250,7 +278,14 @@ class Accelerator:
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
-        """Skip DDP's gradient all-reduce inside the block (a no-op for one process)."""
+        """Skip DDP's gradient all-reduce (FSDP's reduce-scatter) inside the block."""
+        if is_sharded(model):
+            model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
+            return
         context = model.no_sync() if isinstance(model, DistributedDataParallel) else None
         with context or contextlib.nullcontext():
             yield
@@ -269,7 +304,8 @@ class Accelerator:
             return None
         for optimizer in self._optimizers:
             self.precision.unscale_(optimizer.optimizer)
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return full_tensors(norm)  # under FSDP the norm is a DTensor
 
     def clip_grad_value_(self, parameters, clip_value: float) -> None:
         """Clamp each gradient element to ``[-clip_value, clip_value]`` on the syncing step."""
@@ -420,15 +456,27 @@ class Accelerator:
         return model
 
     def save(self, obj: Any, path: str | os.PathLike) -> None:
-        """``torch.save`` on the main process only, atomically (temporary file, then rename)."""
+        """``torch.save`` on the main process only, atomically (temporary file, then rename).
+
+        Sharded tensors (FSDP) are gathered whole first, so every rank must call it then, as
+        ``accelerator.save(accelerator.unwrap_model(model).state_dict(), path)`` is.
+        """
+        if self.fsdp_plugin is not None and self.env.is_distributed:
+            obj = full_tensors(obj)
         if self.is_main_process:
             checkpoint.atomic_save(obj, path)
+
+    def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The model's full state dict, unsharded and without wrapper prefixes, on every rank
+        (every rank must call it): it loads into the plain model."""
+        return full_tensors(self.unwrap_model(model).state_dict())
 
     def save_state(self, output_dir: str | os.PathLike) -> None:
         """Checkpoint models, optimizers, schedulers, scaler, RNG states and ``step``.
 
         Every rank must call it. The directory is replaced whole, or not at all.
         """
+        self._refuse_sharded("save_state")
         checkpoint.save_state(
             output_dir,
             models=[self.unwrap_model(m) for m in self._models],
@@ -447,6 +495,7 @@ class Accelerator:
         Raises ``CheckpointError`` (a ``ValueError``) for a missing, partial or corrupt
         checkpoint, before any object is changed. Files load with ``weights_only=True``.
         """
+        self._refuse_sharded("load_state")
         models = [self.unwrap_model(m) for m in self._models]
         state = checkpoint.read_state(
             input_dir,
@@ -467,6 +516,13 @@ class Accelerator:
         if f"rng_{self.rank}.pt" in state:
             checkpoint.set_rng_state(state[f"rng_{self.rank}.pt"])
         self.step = state["manifest"]["step"]
+
+    def _refuse_sharded(self, name: str) -> None:
+        if any(is_sharded(m) for m in self._models):
+            raise NotImplementedError(
+                f"{name}() does not handle FSDP-sharded models yet. To keep the weights, call "
+                "accelerator.save(accelerator.get_state_dict(model), path) on every rank."
+            )
 
     def end_training(self) -> None:
         """Send the last metrics, draw the final view, and destroy the process group this

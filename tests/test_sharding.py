@@ -1,0 +1,82 @@
+"""FSDP2 through the Accelerator on 2 CPU ranks (gloo), against plain PyTorch in one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from nbaccel import Accelerator, FSDPPlugin
+
+from .distributed import run_ranks
+from .test_multiprocess import DDP_TOLERANCE, make_model, train
+
+pytestmark = pytest.mark.multiprocess
+
+
+def fsdp_against_one_process(steps: int, reshard: bool, folder: str) -> dict:
+    plugin = FSDPPlugin(reshard_after_forward=reshard)
+    accelerator = Accelerator(gradient_accumulation_steps=steps, fsdp_plugin=plugin, live=False)
+    sharded = train(accelerator, batch_size=8)  # the prepared model's own state_dict: shards
+    local = sum(v.to_local().numel() for v in sharded.values())
+    model = accelerator._models[0]
+    full = accelerator.get_state_dict(model)
+    # the lessons' save line writes the whole model, loadable into a plain module
+    accelerator.save(accelerator.unwrap_model(model).state_dict(), f"{folder}/model.pt")
+    accelerator.wait_for_everyone()
+    saved = make_model()
+    saved.load_state_dict(torch.load(f"{folder}/model.pt", weights_only=True))
+    expected = train(None, batch_size=8 * 2 * steps)
+    accelerator.end_training()
+    return {
+        "gap": max((full[k] - expected[k]).abs().max().item() for k in expected),
+        "saved_gap": max((v - full[k]).abs().max().item() for k, v in saved.state_dict().items()),
+        "local": local,
+        "total": sum(v.numel() for v in expected.values()),
+    }
+
+
+@pytest.mark.parametrize("steps, reshard", [(1, True), (2, False)])
+def test_fsdp_matches_one_process_and_saves_a_plain_state_dict(tmp_path, steps, reshard):
+    results = run_ranks(fsdp_against_one_process, steps, reshard, str(tmp_path))
+    for r in results:
+        assert r["gap"] < DDP_TOLERANCE, f"weights differ by {r['gap']:.2e}"
+        assert r["saved_gap"] == 0.0
+    # each rank holds about half of the parameters, and together all of them
+    assert sum(r["local"] for r in results) == results[0]["total"]
+    assert max(r["local"] for r in results) <= 0.6 * results[0]["total"]
+
+
+def fsdp_in_bf16() -> tuple[float, float]:
+    accelerator = Accelerator(mixed_precision="bf16", fsdp_plugin=FSDPPlugin(), live=False)
+    torch.manual_seed(0)
+    model = make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    x = torch.randn(64, 8)
+    y = (x[:, :1] * x[:, 1:2]).sin()
+    losses = []
+    for _ in range(30):
+        out = model(x)
+        loss = nn.functional.mse_loss(out, y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert out.dtype == torch.float32  # the policy returns float32 outputs
+    with pytest.raises(NotImplementedError, match="get_state_dict"):
+        accelerator.save_state("unused")  # refused before anything is written
+    accelerator.end_training()
+    return losses[0], losses[-1]
+
+
+def test_fsdp_trains_in_bf16():
+    for first, last in run_ranks(fsdp_in_bf16):
+        assert last < first / 2, (first, last)
+
+
+def test_fp16_with_fsdp_is_refused_with_a_way_out():
+    with pytest.raises(ValueError, match="use mixed_precision='bf16'"):
+        Accelerator(mixed_precision="fp16", fsdp_plugin=FSDPPlugin())
+    with pytest.raises(TypeError, match=r"must be an nbaccel\.FSDPPlugin"):
+        Accelerator(fsdp_plugin={"zero_stage": 3})
