@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 from . import checkpoint
 from .data import LoopState, PreparedDataLoader, has_tensor, map_tensors, shard_dataloader
 from .display import LiveView
-from .env import CPU_VAR, MIXED_PRECISION_VAR, DistEnv, backend_for, choose_device
+from .env import CPU_VAR, FSDP_VAR, MIXED_PRECISION_VAR, DistEnv, backend_for, choose_device
 from .metrics import Run
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .precision import MixedPrecision, Precision, check_mode
@@ -62,7 +62,8 @@ class Accelerator:
             elsewhere (or pass your own ``LiveView``). Under ``notebook_launcher`` the notebook
             draws it, whatever this says.
         fsdp_plugin: shard parameters, gradients and optimizer state over the ranks with
-            PyTorch's FSDP2 instead of replicating them with DDP (``nbaccel.sharding``).
+            PyTorch's FSDP2 instead of replicating them with DDP (``nbaccel.sharding``). A
+            launch with ``fsdp=True`` (``nbaccel launch --fsdp``) makes it the default.
     """
 
     def __init__(
@@ -88,6 +89,8 @@ class Accelerator:
                 f"gradient_accumulation_steps={gradient_accumulation_steps} must be a positive "
                 "int; use 1 to step the optimizer on every batch."
             )
+        if fsdp_plugin is None and os.environ.get(FSDP_VAR) == "1":
+            fsdp_plugin = FSDPPlugin()  # asked for by the launch (fsdp=True, --fsdp)
         if fsdp_plugin is not None and not isinstance(fsdp_plugin, FSDPPlugin):
             raise TypeError(f"fsdp_plugin={fsdp_plugin!r} must be an nbaccel.FSDPPlugin")
         if fsdp_plugin is not None and mixed_precision == "fp16":

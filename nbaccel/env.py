@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 #: Launch defaults travel to workers in the environment, so ``Accelerator()`` needs no arguments.
 MIXED_PRECISION_VAR = "NBACCEL_MIXED_PRECISION"
 CPU_VAR = "NBACCEL_CPU"  # "1": use the CPU even where GPUs are visible
+FSDP_VAR = "NBACCEL_FSDP"  # "1": Accelerator() shards with FSDP2's defaults
 
 # (rank, local rank, world size, local world size): torchrun's names first, then SLURM's.
 _SCHEMES = (

@@ -50,7 +50,7 @@ from typing import Any, ClassVar, Literal
 
 from .config import load_config
 from .display import LiveView
-from .env import CPU_VAR, MIXED_PRECISION_VAR, threads_per_worker, visible_gpus
+from .env import CPU_VAR, FSDP_VAR, MIXED_PRECISION_VAR, threads_per_worker, visible_gpus
 from .errors import LaunchError, NbaccelError, RankFailure
 from .metrics import Run, local_run
 from .precision import check_mode
@@ -77,6 +77,7 @@ def notebook_launcher(
     cpu: bool | None = None,
     live: bool | LiveView = True,
     run: Run | None = None,
+    fsdp: bool = False,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers; return rank 0's value.
 
@@ -102,6 +103,8 @@ def notebook_launcher(
         timeout: seconds; past it the launch stops and names the ranks that had not finished.
         return_all: return every local rank's value, in rank order.
         cpu: make the workers' Accelerator use the CPU even where GPUs are visible.
+        fsdp: make the workers' ``Accelerator()`` shard with FSDP2 (``FSDPPlugin()``) instead
+            of replicating the model with DDP.
         live: draw the live view while the workers train (``display.py``): a panel in a
             notebook, a progress line on stderr elsewhere; or pass your own ``LiveView``.
         run: a ``Run`` to fill with every rank's metrics, results and failures; the return
@@ -136,6 +139,7 @@ def notebook_launcher(
     defaults = {
         MIXED_PRECISION_VAR: mixed_precision,
         CPU_VAR: "1" if cpu else "0",
+        FSDP_VAR: "1" if fsdp else "0",
         "OMP_NUM_THREADS": str(threads),
         "TORCHELASTIC_USE_AGENT_STORE": "True",  # the store below is the rendezvous
     }

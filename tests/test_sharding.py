@@ -80,3 +80,42 @@ def test_fp16_with_fsdp_is_refused_with_a_way_out():
         Accelerator(mixed_precision="fp16", fsdp_plugin=FSDPPlugin())
     with pytest.raises(TypeError, match=r"must be an nbaccel\.FSDPPlugin"):
         Accelerator(fsdp_plugin={"zero_stage": 3})
+
+
+def sharded_by_the_launch() -> tuple[bool, int]:
+    from nbaccel.sharding import is_sharded
+
+    accelerator = Accelerator(live=False)  # no plugin given: the launch asked for FSDP
+    model = accelerator.prepare(make_model())
+    sharded = is_sharded(model)
+    local = sum((p.to_local() if sharded else p).numel() for p in model.parameters())
+    accelerator.end_training()
+    return sharded, local
+
+
+def test_notebook_launcher_and_nbaccel_launch_ask_for_fsdp(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from nbaccel import notebook_launcher
+
+    values = notebook_launcher(
+        sharded_by_the_launch, num_processes=2, fsdp=True, return_all=True, timeout=120
+    )
+    assert [v[0] for v in values] == [True, True] and sum(v[1] for v in values) == 321
+    assert notebook_launcher(sharded_by_the_launch, num_processes=2, timeout=120)[0] is False
+
+    path = tmp_path / "train.py"
+    path.write_text(
+        "import torch\nfrom nbaccel import Accelerator\nfrom nbaccel.sharding import is_sharded\n"
+        "a = Accelerator(live=False)\nm = a.prepare(torch.nn.Linear(4, 4))\n"
+        "print(f'rank {a.rank} sharded {is_sharded(m)}')\na.end_training()\n"
+    )
+    env = {**os.environ, "NBACCEL_CONFIG": str(tmp_path / "none.json")}
+    command = [sys.executable, "-m", "nbaccel.cli", "launch", "--cpu", "-n", "2", "--fsdp"]
+    done = subprocess.run(
+        [*command, str(path)], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 0 sharded True" in done.stdout and "rank 1 sharded True" in done.stdout

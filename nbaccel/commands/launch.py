@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from ..env import CPU_VAR, MIXED_PRECISION_VAR, threads_per_worker, visible_gpus
+from ..env import CPU_VAR, FSDP_VAR, MIXED_PRECISION_VAR, threads_per_worker, visible_gpus
 from ..metrics import PANEL_VAR
 from ..precision import MODES
 from . import UsageError, positive_int, saved_config
@@ -42,6 +42,9 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         "--cpu", action=argparse.BooleanOptionalAction, help="use the CPU even if there are GPUs"
     )
     parser.add_argument(
+        "--fsdp", action="store_true", help="Accelerator() shards the model with FSDP2, not DDP"
+    )
+    parser.add_argument(
         "--save-panel", metavar="PNG", help="save rank 0's final live panel to this PNG file"
     )
     parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
@@ -62,6 +65,7 @@ def launch_command(args: argparse.Namespace) -> int:
         **os.environ,
         MIXED_PRECISION_VAR: args.mixed_precision or config.mixed_precision,
         CPU_VAR: "1" if cpu else "0",
+        FSDP_VAR: "1" if args.fsdp else "0",
     }
     if args.save_panel:
         env[PANEL_VAR] = os.path.abspath(args.save_panel)
