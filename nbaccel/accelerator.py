@@ -37,7 +37,15 @@ from .env import CPU_VAR, FSDP_VAR, MIXED_PRECISION_VAR, DistEnv, backend_for, c
 from .metrics import Run
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .precision import MixedPrecision, Precision, check_mode
-from .sharding import FSDPPlugin, full_tensors, is_sharded, shard_model, swap_parameters
+from .sharding import (
+    FSDPPlugin,
+    full_states,
+    full_tensors,
+    is_sharded,
+    load_full_states,
+    shard_model,
+    swap_parameters,
+)
 from .tracker import Tracker
 
 logger = logging.getLogger(__name__)
@@ -479,11 +487,14 @@ class Accelerator:
 
         Every rank must call it. The directory is replaced whole, or not at all.
         """
-        self._refuse_sharded("save_state")
+        models = [self.unwrap_model(m) for m in self._models]
+        optimizers = [o.optimizer for o in self._optimizers]
+        if any(is_sharded(m) for m in models):  # gathered whole: loadable without FSDP too
+            models, optimizers = full_states(models, optimizers)
         checkpoint.save_state(
             output_dir,
-            models=[self.unwrap_model(m) for m in self._models],
-            optimizers=[o.optimizer for o in self._optimizers],
+            models=models,
+            optimizers=optimizers,
             schedulers=[s.scheduler for s in self._schedulers],
             scaler=self.scaler,
             step=self.step,
@@ -498,20 +509,25 @@ class Accelerator:
         Raises ``CheckpointError`` (a ``ValueError``) for a missing, partial or corrupt
         checkpoint, before any object is changed. Files load with ``weights_only=True``.
         """
-        self._refuse_sharded("load_state")
         models = [self.unwrap_model(m) for m in self._models]
+        optimizers = [o.optimizer for o in self._optimizers]
         state = checkpoint.read_state(
             input_dir,
             models=models,
-            optimizers=[o.optimizer for o in self._optimizers],
+            optimizers=optimizers,
             schedulers=[s.scheduler for s in self._schedulers],
             scaler=self.scaler,
             rank=self.rank,
         )
-        for i, model in enumerate(models):
-            model.load_state_dict(state[f"model_{i}.pt"])
-        for i, optimizer in enumerate(self._optimizers):
-            optimizer.optimizer.load_state_dict(state[f"optimizer_{i}.pt"])
+        model_states = [state[f"model_{i}.pt"] for i in range(len(models))]
+        optimizer_states = [state[f"optimizer_{i}.pt"] for i in range(len(optimizers))]
+        if any(is_sharded(m) for m in models):
+            load_full_states(models, optimizers, model_states, optimizer_states)
+        else:
+            for model, model_state in zip(models, model_states, strict=True):
+                model.load_state_dict(model_state)
+            for optimizer, optimizer_state in zip(optimizers, optimizer_states, strict=True):
+                optimizer.load_state_dict(optimizer_state)
         for i, scheduler in enumerate(self._schedulers):
             scheduler.scheduler.load_state_dict(state[f"scheduler_{i}.pt"])
         if self.scaler is not None:
@@ -519,13 +535,6 @@ class Accelerator:
         if f"rng_{self.rank}.pt" in state:
             checkpoint.set_rng_state(state[f"rng_{self.rank}.pt"])
         self.step = state["manifest"]["step"]
-
-    def _refuse_sharded(self, name: str) -> None:
-        if any(is_sharded(m) for m in self._models):
-            raise NotImplementedError(
-                f"{name}() does not handle FSDP-sharded models yet. To keep the weights, call "
-                "accelerator.save(accelerator.get_state_dict(model), path) on every rank."
-            )
 
     def end_training(self) -> None:
         """Send the last metrics, draw the final view, and destroy the process group this

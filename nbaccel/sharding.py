@@ -94,3 +94,54 @@ def full_tensors(obj: Any) -> Any:
     from .data import map_tensors
 
     return map_tensors(obj, lambda t: t.full_tensor().cpu() if isinstance(t, DTensor) else t)
+
+
+class Snapshot:
+    """A state dict taken already (gathered whole), in the place of the object it came from."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state
+
+
+def full_states(models: list[nn.Module], optimizers: list[torch.optim.Optimizer]):
+    """Every model's and optimizer's state dict, unsharded, as ``Snapshot``s (a collective).
+
+    Optimizer states come keyed by parameter name (torch.distributed.checkpoint's layout).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    sharded = _the_sharded_model(models)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return (
+        [Snapshot(full_tensors(m.state_dict())) for m in models],
+        [Snapshot(get_optimizer_state_dict(sharded, o, options=options)) for o in optimizers],
+    )
+
+
+def load_full_states(models, optimizers, model_states, optimizer_states) -> None:
+    """Shard full state dicts (read on every rank) back into the prepared objects."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    sharded = _the_sharded_model(models)
+    options = StateDictOptions(full_state_dict=True)
+    for model, state in zip(models, model_states, strict=True):
+        set_model_state_dict(model, state, options=options)
+    for optimizer, state in zip(optimizers, optimizer_states, strict=True):
+        set_optimizer_state_dict(sharded, optimizer, optim_state_dict=state, options=options)
+
+
+def _the_sharded_model(models: list[nn.Module]) -> nn.Module:
+    sharded = [m for m in models if is_sharded(m)]
+    if len(sharded) != 1 or len(models) != 1:
+        raise NotImplementedError(
+            f"save_state/load_state under FSDP handle one prepared model (got {len(models)}, "
+            f"{len(sharded)} sharded). Save each with accelerator.get_state_dict(model)."
+        )
+    return sharded[0]
