@@ -19,14 +19,16 @@ class LaunchConfig:
     num_processes: int | None = None  # None: one per visible GPU, else 1
     mixed_precision: str = "no"
     cpu: bool = False
+    fsdp: bool = False  # Accelerator() shards with FSDP2 instead of DDP
 
     def __post_init__(self) -> None:
         check_mode(self.mixed_precision)
         n = self.num_processes
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"num_processes={n!r} must be a positive int or null")
-        if not isinstance(self.cpu, bool):
-            raise ValueError(f"cpu={self.cpu!r} must be true or false")
+        for name in ("cpu", "fsdp"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
 
 
 def config_path() -> Path:

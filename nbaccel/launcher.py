@@ -77,7 +77,7 @@ def notebook_launcher(
     cpu: bool | None = None,
     live: bool | LiveView = True,
     run: Run | None = None,
-    fsdp: bool = False,
+    fsdp: bool | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers; return rank 0's value.
 
@@ -104,7 +104,7 @@ def notebook_launcher(
         return_all: return every local rank's value, in rank order.
         cpu: make the workers' Accelerator use the CPU even where GPUs are visible.
         fsdp: make the workers' ``Accelerator()`` shard with FSDP2 (``FSDPPlugin()``) instead
-            of replicating the model with DDP.
+            of replicating the model with DDP. Default: the ``nbaccel config`` value.
         live: draw the live view while the workers train (``display.py``): a panel in a
             notebook, a progress line on stderr elsewhere; or pass your own ``LiveView``.
         run: a ``Run`` to fill with every rank's metrics, results and failures; the return
@@ -121,6 +121,7 @@ def notebook_launcher(
         )
     config = load_config()
     cpu = config.cpu if cpu is None else bool(cpu)
+    fsdp = config.fsdp if fsdp is None else bool(fsdp)
     mixed_precision = check_mode(mixed_precision or config.mixed_precision)
     gpus = 0 if cpu else visible_gpus()
     if num_processes is None:

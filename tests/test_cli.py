@@ -302,17 +302,23 @@ def test_config_default_then_show(config):
         "num_processes": None,
         "mixed_precision": "no",
         "cpu": False,
+        "fsdp": False,
     }
     assert nbaccel(config, "config", "--num-processes", "2", "--cpu").returncode == 0
     shown = nbaccel(config, "config", "show")
     assert shown.returncode == 0
     path, content = shown.stdout.split("\n", 1)
     assert path == str(config)
-    assert json.loads(content) == {"num_processes": 2, "mixed_precision": "no", "cpu": True}
+    assert json.loads(content) == {
+        "num_processes": 2,
+        "mixed_precision": "no",
+        "cpu": True,
+        "fsdp": False,
+    }
 
 
 def test_config_asks_again_until_the_answer_is_valid(config):
-    done = nbaccel(config, "config", stdin="0\n3\nfp32\nbf16\nmaybe\nyes\n")
+    done = nbaccel(config, "config", stdin="0\n3\nfp32\nbf16\nmaybe\nyes\nyes\n")
     assert done.returncode == 0, done.stderr
     assert "0 must be at least 1; try again" in done.stdout
     assert "'fp32' is not one of no, fp16, bf16; try again" in done.stdout
@@ -321,8 +327,9 @@ def test_config_asks_again_until_the_answer_is_valid(config):
         "num_processes": 3,
         "mixed_precision": "bf16",
         "cpu": True,
+        "fsdp": True,
     }
-    again = nbaccel(config, "config", stdin="\n\nno\n")  # Enter keeps the current value
+    again = nbaccel(config, "config", stdin="\n\nno\n\n")  # Enter keeps the current value
     assert json.loads(config.read_text())["num_processes"] == 3, again.stdout
 
 

@@ -156,3 +156,15 @@ def test_fsdp_save_state_then_load_state_continues_identically(tmp_path):
     for restored, continued, plain in run_ranks(fsdp_save_then_load, str(tmp_path / "ckpt")):
         assert restored == 0.0 and plain == 0.0
         assert continued == 0.0, f"training after load_state differs by {continued:.2e}"
+
+
+def test_the_config_file_can_ask_for_fsdp(tmp_path, monkeypatch):
+    import json
+
+    from nbaccel import notebook_launcher
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_processes": 2, "cpu": True, "fsdp": True}))
+    monkeypatch.setenv("NBACCEL_CONFIG", str(config))
+    assert notebook_launcher(sharded_by_the_launch, timeout=120)[0] is True
+    assert notebook_launcher(sharded_by_the_launch, fsdp=False, timeout=120)[0] is False

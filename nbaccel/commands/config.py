@@ -26,7 +26,7 @@ WHERE = (
 def config_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "config",
-        help="set the defaults for launches (processes, mixed precision, cpu)",
+        help="set the defaults for launches (processes, mixed precision, cpu, fsdp)",
         description="Write the defaults that `nbaccel launch` and notebook_launcher read: "
         "interactively, or from the flags below. " + WHERE.format(path=config_path()),
     )
@@ -39,6 +39,9 @@ def config_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument(
         "--cpu", action=argparse.BooleanOptionalAction, help="use the CPU even if there are GPUs"
     )
+    parser.add_argument(
+        "--fsdp", action=argparse.BooleanOptionalAction, help="shard with FSDP2 instead of DDP"
+    )
     parser.set_defaults(func=config_command)
     return parser
 
@@ -48,6 +51,7 @@ def config_command(args: argparse.Namespace) -> int:
         "num_processes": args.num_processes,
         "mixed_precision": args.mixed_precision,
         "cpu": args.cpu,
+        "fsdp": args.fsdp,
     }
     given = {k: (None if v == "auto" else v) for k, v in flags.items() if v is not None}
     if args.action == "show":
@@ -90,7 +94,8 @@ def ask_all(config: LaunchConfig) -> LaunchConfig:
     )
     mixed = ask(f"Mixed precision ({', '.join(MODES)})", config.mixed_precision, mode)
     cpu = ask("Use the CPU even if there are GPUs (yes/no)", "yes" if config.cpu else "no", yes_no)
-    return LaunchConfig(None if n == "auto" else n, mixed, cpu)  # type: ignore[arg-type]
+    fsdp = ask("Shard with FSDP2 instead of DDP (yes/no)", "yes" if config.fsdp else "no", yes_no)
+    return LaunchConfig(None if n == "auto" else n, mixed, cpu, fsdp)  # type: ignore[arg-type]
 
 
 def ask(question: str, default: str, parse: Callable[[str], T]) -> T:

@@ -42,7 +42,9 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         "--cpu", action=argparse.BooleanOptionalAction, help="use the CPU even if there are GPUs"
     )
     parser.add_argument(
-        "--fsdp", action="store_true", help="Accelerator() shards the model with FSDP2, not DDP"
+        "--fsdp",
+        action=argparse.BooleanOptionalAction,
+        help="Accelerator() shards the model with FSDP2, not DDP (default: the config's)",
     )
     parser.add_argument(
         "--save-panel", metavar="PNG", help="save rank 0's final live panel to this PNG file"
@@ -65,7 +67,7 @@ def launch_command(args: argparse.Namespace) -> int:
         **os.environ,
         MIXED_PRECISION_VAR: args.mixed_precision or config.mixed_precision,
         CPU_VAR: "1" if cpu else "0",
-        FSDP_VAR: "1" if args.fsdp else "0",
+        FSDP_VAR: "1" if (config.fsdp if args.fsdp is None else args.fsdp) else "0",
     }
     if args.save_panel:
         env[PANEL_VAR] = os.path.abspath(args.save_panel)
