@@ -129,7 +129,6 @@ class Accelerator:
         self.tracker = Tracker(live=live, memory=memory)
         self._total_steps: int | None = None
         self.run: Run | None = self.tracker.run
-        self.metrics = self.tracker.channel
         self._loop = LoopState()
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
@@ -242,7 +241,7 @@ class Accelerator:
         ):
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = DistributedDataParallel(model, device_ids=ids)
-        if self.precision.dtype is not None and not is_sharded(model):
+        if self.precision.dtype is not None and not self._sharded(model):
             model.forward = _AutocastForward(model.forward, self.precision)
         self._models.append(model)
         return model
@@ -290,7 +289,7 @@ class Accelerator:
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
         """Skip DDP's gradient all-reduce (FSDP's reduce-scatter) inside the block."""
-        if is_sharded(model):
+        if self._sharded(model):
             model.set_requires_gradient_sync(False)
             try:
                 yield
@@ -316,7 +315,7 @@ class Accelerator:
         for optimizer in self._optimizers:
             self.precision.unscale_(optimizer.optimizer)
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
-        return full_tensors(norm)  # under FSDP the norm is a DTensor
+        return full_tensors(norm) if self.fsdp_plugin else norm  # under FSDP: a DTensor
 
     def clip_grad_value_(self, parameters, clip_value: float) -> None:
         """Clamp each gradient element to ``[-clip_value, clip_value]`` on the syncing step."""
@@ -489,7 +488,7 @@ class Accelerator:
         """
         models = [self.unwrap_model(m) for m in self._models]
         optimizers = [o.optimizer for o in self._optimizers]
-        if any(is_sharded(m) for m in models):  # gathered whole: loadable without FSDP too
+        if any(self._sharded(m) for m in models):  # gathered whole: loadable without FSDP too
             models, optimizers = full_states(models, optimizers)
         checkpoint.save_state(
             output_dir,
@@ -521,7 +520,7 @@ class Accelerator:
         )
         model_states = [state[f"model_{i}.pt"] for i in range(len(models))]
         optimizer_states = [state[f"optimizer_{i}.pt"] for i in range(len(optimizers))]
-        if any(is_sharded(m) for m in models):
+        if any(self._sharded(m) for m in models):
             load_full_states(models, optimizers, model_states, optimizer_states)
         else:
             for model, model_state in zip(models, model_states, strict=True):
@@ -535,6 +534,10 @@ class Accelerator:
         if f"rng_{self.rank}.pt" in state:
             checkpoint.set_rng_state(state[f"rng_{self.rank}.pt"])
         self.step = state["manifest"]["step"]
+
+    def _sharded(self, model: torch.nn.Module) -> bool:
+        # without a plugin nothing was sharded here: no FSDP lookup on the accumulation path
+        return self.fsdp_plugin is not None and is_sharded(model)
 
     def end_training(self) -> None:
         """Send the last metrics, draw the final view, and destroy the process group this
