@@ -12,7 +12,8 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # Reinstall whenever the pins or the declared dependencies change.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet -c constraints.txt -e '.[notebook,test,dev]'
+	$(PIP) install --quiet -c constraints.txt -e '.[notebook,test,dev,deepspeed]'
+	$(BIN)/python -m nbaccel.zero --build-ops
 	touch $(STAMP)
 
 # The flagship lesson, headless in a real kernel on 2 CPU workers; prints where the results are.

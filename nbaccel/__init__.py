@@ -26,10 +26,12 @@ _EXPORTS = {
     "measure_scaling": "scaling",
     "Tracker": "tracker",
     "FSDPPlugin": "sharding",
+    "DeepSpeedPlugin": "zero",
 }
 __all__ = [
     "Accelerator",
     "CheckpointError",
+    "DeepSpeedPlugin",
     "FSDPPlugin",
     "LaunchError",
     "LiveView",
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     from .scaling import measure_scaling
     from .sharding import FSDPPlugin
     from .tracker import Tracker
+    from .zero import DeepSpeedPlugin
 
 
 def __getattr__(name: str) -> Any:

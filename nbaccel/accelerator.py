@@ -30,10 +30,18 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
-from . import checkpoint
+from . import checkpoint, zero
 from .data import LoopState, PreparedDataLoader, has_tensor, map_tensors, shard_dataloader
 from .display import LiveView
-from .env import CPU_VAR, FSDP_VAR, MIXED_PRECISION_VAR, DistEnv, backend_for, choose_device
+from .env import (
+    CPU_VAR,
+    DEEPSPEED_VAR,
+    FSDP_VAR,
+    MIXED_PRECISION_VAR,
+    DistEnv,
+    backend_for,
+    choose_device,
+)
 from .metrics import Run
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .precision import MixedPrecision, Precision, check_mode
@@ -47,6 +55,7 @@ from .sharding import (
     swap_parameters,
 )
 from .tracker import Tracker
+from .zero import DeepSpeedOptimizer, DeepSpeedPlugin  # DeepSpeed itself loads on demand
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +81,9 @@ class Accelerator:
         fsdp_plugin: shard parameters, gradients and optimizer state over the ranks with
             PyTorch's FSDP2 instead of replicating them with DDP (``nbaccel.sharding``). A
             launch with ``fsdp=True`` (``nbaccel launch --fsdp``) makes it the default.
+        deepspeed_plugin: train through a DeepSpeed engine with ZeRO sharding
+            (``nbaccel.zero``). A launch with ``zero_stage=N`` (``nbaccel launch --deepspeed
+            --zero-stage N``) makes ``DeepSpeedPlugin(zero_stage=N)`` the default.
     """
 
     def __init__(
@@ -81,7 +93,9 @@ class Accelerator:
         cpu: bool | None = None,
         live: bool | LiveView = True,
         fsdp_plugin: FSDPPlugin | None = None,
+        deepspeed_plugin: DeepSpeedPlugin | None = None,
     ) -> None:
+        precision_given = mixed_precision is not None or bool(os.environ.get(MIXED_PRECISION_VAR))
         if mixed_precision is None:
             mixed_precision = os.environ.get(MIXED_PRECISION_VAR) or "no"  # type: ignore[assignment]
         check_mode(mixed_precision)
@@ -106,12 +120,32 @@ class Accelerator:
                 "mixed_precision='fp16' with FSDP needs a sharded gradient scaler, which nbaccel "
                 "does not provide yet; use mixed_precision='bf16' (no scaler needed) or DDP."
             )
+        if deepspeed_plugin is None and os.environ.get(DEEPSPEED_VAR, "") != "":
+            deepspeed_plugin = DeepSpeedPlugin(zero_stage=int(os.environ[DEEPSPEED_VAR]))
+        if deepspeed_plugin is not None and not isinstance(deepspeed_plugin, DeepSpeedPlugin):
+            raise TypeError(f"deepspeed_plugin={deepspeed_plugin!r} must be a DeepSpeedPlugin")
+        if deepspeed_plugin is not None and fsdp_plugin is not None:
+            raise ValueError(
+                "both an FSDP and a DeepSpeed plugin were given (by argument or by the launch's "
+                "fsdp/zero_stage options): choose one way to shard."
+            )
         self.fsdp_plugin = fsdp_plugin
+        self.deepspeed_plugin = deepspeed_plugin
         self._new_parameters: dict[int, torch.nn.Parameter] = {}  # replaced by FSDP sharding
         self.env = DistEnv.from_environ()
         if cpu is None:
             cpu = os.environ.get(CPU_VAR) == "1"
         self.device = choose_device(self.env.local_rank, cpu=cpu)
+        self.deepspeed_config: dict[str, Any] | None = None  # the config the engine gets
+        if deepspeed_plugin is not None:
+            zero.import_deepspeed(self.device)  # an install hint now, not at prepare()
+            self.deepspeed_config, mixed_precision, gradient_accumulation_steps = zero.build_config(
+                deepspeed_plugin,
+                mixed_precision=mixed_precision,
+                precision_given=precision_given,
+                accumulation=gradient_accumulation_steps,
+                device=self.device,
+            )
         self._owns_process_group = False
         if self.env.is_distributed and not dist.is_initialized():
             if self.device.type == "cuda":
@@ -120,7 +154,18 @@ class Accelerator:
                 backend_for(self.device), rank=self.env.rank, world_size=self.env.world_size
             )
             self._owns_process_group = True
+        elif deepspeed_plugin is not None and not dist.is_initialized():
+            # DeepSpeed needs a process group even for one process: a private one, no port
+            dist.init_process_group(
+                backend_for(self.device), store=dist.HashStore(), rank=0, world_size=1
+            )
+            self._owns_process_group = True
+        self._set_local_rank = deepspeed_plugin is not None and "LOCAL_RANK" not in os.environ
+        if self._set_local_rank:  # DeepSpeed reads it; end_training removes it again
+            os.environ["LOCAL_RANK"] = str(self.env.local_rank)
         self.precision = Precision(mixed_precision, self.device)
+        if deepspeed_plugin is not None:
+            self.precision.scaler = None  # the engine scales fp16 losses itself
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.step = 0  # micro-batches seen by accumulate() in this window-aligned count
         self.sync_gradients = True  # False on the micro-batches that only accumulate
@@ -134,6 +179,7 @@ class Accelerator:
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
         self._grads_pending = False  # gradients of a window that no optimizer step used yet
+        self._engine: Any = None  # the DeepSpeed engine, once prepared
 
     # -- where this process stands (PyTorch's names, and Accelerate's aliases) ----------------
     @property
@@ -193,6 +239,8 @@ class Accelerator:
           ``nbaccel.data``), already on ``device``.
         * LR scheduler: steps only when its optimizer really stepped.
         """
+        if self.deepspeed_plugin is not None:
+            return self._prepare_deepspeed(objects)
         # models first: sharding replaces parameters that the optimizers must then point at
         prepared = list(objects)
         for i in sorted(
@@ -246,6 +294,53 @@ class Accelerator:
         self._models.append(model)
         return model
 
+    def _prepare_deepspeed(self, objects: tuple[Any, ...]) -> Any:
+        """One ``deepspeed.initialize`` for the model and optimizer of this call."""
+        models = [
+            i
+            for i, obj in enumerate(objects)
+            if isinstance(obj, torch.nn.Module)
+            and not zero.is_engine(obj)
+            and any(p.requires_grad for p in obj.parameters())
+        ]
+        optimizers = [
+            i
+            for i, obj in enumerate(objects)
+            if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer)
+        ]
+        if (models or optimizers) and (
+            len(models) != 1 or len(optimizers) != 1 or self._engine is not None
+        ):
+            raise ValueError(
+                "under DeepSpeed one model trains with one optimizer, prepared in the same call: "
+                "accelerator.prepare(model, optimizer, loader, ...). This call has "
+                f"{len(models)} trainable model(s) and {len(optimizers)} optimizer(s)"
+                + (", and an engine was already prepared." if self._engine is not None else ".")
+            )
+        prepared = [
+            obj if i in models or i in optimizers else self._prepare_one(obj)
+            for i, obj in enumerate(objects)
+        ]
+        if models:
+            loaders = [obj for obj in prepared if isinstance(obj, PreparedDataLoader)]
+            assert self.deepspeed_config is not None
+            zero.set_micro_batch(self.deepspeed_config, loaders[0].batch_size if loaders else None)
+            zero.cap_buckets(self.deepspeed_config, objects[models[0]])
+            deepspeed = zero.import_deepspeed(self.device)
+            model, optimizer = objects[models[0]], objects[optimizers[0]]
+            with zero.quiet_start():
+                engine, *_ = deepspeed.initialize(
+                    model=model.to(self.device), optimizer=optimizer, config=self.deepspeed_config
+                )
+            if self.precision.dtype is not None:  # 16-bit weights; float32 inputs and outputs
+                engine.forward = _AutocastForward(engine.forward, self.precision)
+            self._engine = engine
+            self._models.append(engine)
+            prepared[models[0]] = engine
+            prepared[optimizers[0]] = DeepSpeedOptimizer(optimizer, self, engine)
+            self._optimizers.append(prepared[optimizers[0]])
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
     def _shared_seed(self) -> int:
         """Rank 0's draw from the global RNG, on every rank: one shuffle order for all."""
         seed = torch.empty((), dtype=torch.int64).random_()
@@ -260,10 +355,14 @@ class Accelerator:
 
         Pass the loss of one micro-batch as it is: do not divide it yourself.
         """
-        if self.gradient_accumulation_steps > 1:
-            loss = loss / self.gradient_accumulation_steps
         if not self.sync_gradients:
             self._grads_pending = True
+        if self._engine is not None:  # the engine divides by the accumulation steps itself
+            self._engine.set_gradient_accumulation_boundary(self.sync_gradients)
+            self._engine.backward(loss, **kwargs)
+            return
+        if self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
         self.precision.backward(loss, **kwargs)
 
     @contextlib.contextmanager
@@ -309,7 +408,21 @@ class Accelerator:
 
         Only on the micro-batch that syncs (returns None on the others): clipping a partial
         sum would clip the wrong gradient. Unscales fp16 gradients first.
+
+        Under DeepSpeed the engine clips inside ``optimizer.step()`` at the norm given once in
+        ``DeepSpeedPlugin(gradient_clipping=...)``; this call checks that it asks for the same
+        norm and returns None.
         """
+        if self._engine is not None:
+            clip = self.deepspeed_config["gradient_clipping"] if self.deepspeed_config else 0.0
+            if float(max_norm) != clip or norm_type != 2.0:
+                now = f"at {clip}" if clip else "not at all (gradient_clipping unset)"
+                raise ValueError(
+                    f"clip_grad_norm_(max_norm={max_norm}, norm_type={norm_type}) under "
+                    f"DeepSpeed: the engine clips the 2-norm inside its step, here {now}. Give "
+                    f"the norm once: DeepSpeedPlugin(gradient_clipping={max_norm})."
+                )
+            return None
         if not self.sync_gradients:
             return None
         for optimizer in self._optimizers:
@@ -319,6 +432,11 @@ class Accelerator:
 
     def clip_grad_value_(self, parameters, clip_value: float) -> None:
         """Clamp each gradient element to ``[-clip_value, clip_value]`` on the syncing step."""
+        if self._engine is not None:
+            raise ValueError(
+                "clip_grad_value_ is not available under DeepSpeed (the engine owns the "
+                "gradients); clip the norm instead: DeepSpeedPlugin(gradient_clipping=...)."
+            )
         if not self.sync_gradients:
             return
         for optimizer in self._optimizers:
@@ -455,7 +573,9 @@ class Accelerator:
         ``keep_fp32_wrapper=False`` also removes the autocast that ``prepare`` put on forward.
         """
         while True:
-            if isinstance(model, DistributedDataParallel | torch.nn.DataParallel):
+            if zero.is_engine(model) or isinstance(
+                model, DistributedDataParallel | torch.nn.DataParallel
+            ):
                 model = model.module
             elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
                 model = model._orig_mod
@@ -468,17 +588,22 @@ class Accelerator:
     def save(self, obj: Any, path: str | os.PathLike) -> None:
         """``torch.save`` on the main process only, atomically (temporary file, then rename).
 
-        Sharded tensors (FSDP) are gathered whole first, so every rank must call it then, as
+        Sharded tensors (FSDP) and a DeepSpeed model's state dict (recognised by its keys) are
+        gathered whole first, so every rank must call it then, as
         ``accelerator.save(accelerator.unwrap_model(model).state_dict(), path)`` is.
         """
         if self.fsdp_plugin is not None and self.env.is_distributed:
             obj = full_tensors(obj)
+        if self._engine is not None:  # ZeRO 3 placeholders, bf16 copies: the whole float32
+            obj = zero.consolidate(obj, [self._engine])
         if self.is_main_process:
             checkpoint.atomic_save(obj, path)
 
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The model's full state dict, unsharded and without wrapper prefixes, on every rank
         (every rank must call it): it loads into the plain model."""
+        if zero.is_engine(model):
+            return zero.full_state_dict(model)
         return full_tensors(self.unwrap_model(model).state_dict())
 
     def save_state(self, output_dir: str | os.PathLike) -> None:
@@ -486,6 +611,20 @@ class Accelerator:
 
         Every rank must call it. The directory is replaced whole, or not at all.
         """
+        if self._engine is not None:  # its own sharded checkpoint, inside ours
+            checkpoint.save_state(
+                output_dir,
+                models=[],
+                optimizers=[],
+                schedulers=[s.scheduler for s in self._schedulers],
+                scaler=None,
+                step=self.step,
+                rank=self.rank,
+                world_size=self.num_processes,
+                barrier=self.wait_for_everyone,
+                engine=lambda staging: self._engine.save_checkpoint(str(staging), tag=zero.TAG),
+            )
+            return
         models = [self.unwrap_model(m) for m in self._models]
         optimizers = [o.optimizer for o in self._optimizers]
         if any(self._sharded(m) for m in models):  # gathered whole: loadable without FSDP too
@@ -508,8 +647,9 @@ class Accelerator:
         Raises ``CheckpointError`` (a ``ValueError``) for a missing, partial or corrupt
         checkpoint, before any object is changed. Files load with ``weights_only=True``.
         """
-        models = [self.unwrap_model(m) for m in self._models]
-        optimizers = [o.optimizer for o in self._optimizers]
+        engine = self._engine
+        models = [] if engine else [self.unwrap_model(m) for m in self._models]
+        optimizers = [] if engine else [o.optimizer for o in self._optimizers]
         state = checkpoint.read_state(
             input_dir,
             models=models,
@@ -517,7 +657,10 @@ class Accelerator:
             schedulers=[s.scheduler for s in self._schedulers],
             scaler=self.scaler,
             rank=self.rank,
+            engine=(zero.TAG, self.num_processes) if engine else None,
         )
+        if engine is not None:
+            engine.load_checkpoint(str(input_dir), tag=zero.TAG, load_lr_scheduler_states=False)
         model_states = [state[f"model_{i}.pt"] for i in range(len(models))]
         optimizer_states = [state[f"optimizer_{i}.pt"] for i in range(len(optimizers))]
         if any(self._sharded(m) for m in models):
@@ -552,6 +695,9 @@ class Accelerator:
                     model.reducer = None
             dist.destroy_process_group()
         self._owns_process_group = False
+        if self._set_local_rank:
+            os.environ.pop("LOCAL_RANK", None)
+            self._set_local_rank = False
 
 
 class _AutocastForward:

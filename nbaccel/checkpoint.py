@@ -12,6 +12,8 @@ A checkpoint written by ``save_state`` is a directory::
     scheduler_0.pt ...          learning-rate schedulers
     scaler.pt                   the fp16 GradScaler, when there is one
     rng_0.pt, rng_1.pt ...      each rank's random generators (python, numpy, torch, cuda)
+    deepspeed/                  under DeepSpeed, the engine's own (sharded) checkpoint, in
+                                place of model_*.pt and optimizer_*.pt
 
 It is assembled in a staging directory and swapped in by rename, so an interrupted save leaves
 the previous checkpoint in place. ``load_state`` reads and checks every file before it touches
@@ -98,8 +100,13 @@ def save_state(
     rank: int,
     world_size: int,
     barrier: Callable[[], None],
+    engine: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write a checkpoint directory; every rank must call it (each saves its RNG state)."""
+    """Write a checkpoint directory; every rank must call it (each saves its RNG state).
+
+    ``engine``, when given, is called on every rank with the staging directory to write a
+    training engine's own checkpoint (DeepSpeed's, in ``deepspeed/``) beside nbaccel's files.
+    """
     final = Path(directory)
     staging = final.with_name(f".{final.name}.staging")
     if rank == 0:
@@ -111,6 +118,8 @@ def save_state(
         staging.mkdir()
     barrier()
     atomic_save(rng_state(), staging / f"rng_{rank}.pt")
+    if engine is not None:
+        engine(staging)
     if rank == 0:
         for i, model in enumerate(models):
             atomic_save(model.state_dict(), staging / f"model_{i}.pt")
@@ -130,6 +139,7 @@ def save_state(
             "optimizers": len(optimizers),
             "schedulers": len(schedulers),
             "scaler": scaler is not None,
+            "engine": "deepspeed" if engine is not None else None,
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
         _swap_in(staging, final)
@@ -154,8 +164,13 @@ def read_state(
     schedulers: Sequence[Any],
     scaler: torch.amp.GradScaler | None,
     rank: int,
+    engine: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Read and check a whole checkpoint; raise ``CheckpointError`` before anything is applied."""
+    """Read and check a whole checkpoint; raise ``CheckpointError`` before anything is applied.
+
+    ``engine``: ``(folder, world_size)`` of a DeepSpeed engine's checkpoint expected inside,
+    which the engine itself loads afterwards.
+    """
     folder = Path(directory)
     if not folder.is_dir():
         hint = ""
@@ -175,6 +190,22 @@ def read_state(
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{folder / MANIFEST} is corrupt: {err}") from err
 
+    saved_by = "DeepSpeed" if manifest.get("engine") == "deepspeed" else "DDP or FSDP"
+    wanted = "DeepSpeed" if engine is not None else "DDP or FSDP"
+    if saved_by != wanted:
+        raise CheckpointError(
+            f"{folder} was saved by a run with {saved_by}, but this Accelerator trains with "
+            f"{wanted}: load it with the same strategy as the run that saved it."
+        )
+    if engine is not None:
+        tag, world_size = engine
+        if manifest["world_size"] != world_size:
+            raise CheckpointError(
+                f"{folder} holds a DeepSpeed checkpoint sharded over {manifest['world_size']} "
+                f"processes; it loads on {manifest['world_size']}, not {world_size}."
+            )
+        if not (folder / tag).is_dir():
+            raise CheckpointError(f"{folder} is incomplete: the folder {tag}/ is missing.")
     _check_counts(folder, manifest, models=models, optimizers=optimizers, schedulers=schedulers)
     if manifest["scaler"] != (scaler is not None):
         saved = "with" if manifest["scaler"] else "without"

@@ -20,6 +20,7 @@ class LaunchConfig:
     mixed_precision: str = "no"
     cpu: bool = False
     fsdp: bool = False  # Accelerator() shards with FSDP2 instead of DDP
+    zero_stage: int | None = None  # 0-3: Accelerator() trains through DeepSpeed at this stage
 
     def __post_init__(self) -> None:
         check_mode(self.mixed_precision)
@@ -29,6 +30,38 @@ class LaunchConfig:
         for name in ("cpu", "fsdp"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
+        check_sharding(self.fsdp, self.zero_stage)
+
+
+def check_sharding(fsdp: bool, zero_stage: int | None) -> None:
+    if zero_stage is not None and (isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3)):
+        raise ValueError(f"zero_stage={zero_stage!r} must be 0, 1, 2, 3 or null (no DeepSpeed)")
+    if fsdp and zero_stage is not None:
+        raise ValueError(
+            f"fsdp and DeepSpeed (zero_stage={zero_stage}) were both asked for: choose one way "
+            "to shard"
+        )
+
+
+def resolve_sharding(
+    config: LaunchConfig, fsdp: bool | None, deepspeed: bool | None, zero_stage: int | None
+) -> tuple[bool, int | None]:
+    """A launch's ``(fsdp, zero_stage)``: its own arguments, else the config file's.
+
+    ``zero_stage`` implies DeepSpeed; ``deepspeed=True`` alone takes the config's stage, else 2;
+    asking for one way to shard turns the config's other way off.
+    """
+    if zero_stage is not None or deepspeed:
+        if deepspeed is False:
+            raise ValueError(f"zero_stage={zero_stage} asks for DeepSpeed, but deepspeed=False")
+        stage = zero_stage if zero_stage is not None else config.zero_stage
+        stage = 2 if stage is None else stage
+        check_sharding(bool(fsdp), stage)
+        return False, stage
+    if fsdp:
+        return True, None
+    stage = None if deepspeed is False else config.zero_stage
+    return (config.fsdp if fsdp is None else False), stage
 
 
 def config_path() -> Path:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 MIXED_PRECISION_VAR = "NBACCEL_MIXED_PRECISION"
 CPU_VAR = "NBACCEL_CPU"  # "1": use the CPU even where GPUs are visible
 FSDP_VAR = "NBACCEL_FSDP"  # "1": Accelerator() shards with FSDP2's defaults
+DEEPSPEED_VAR = "NBACCEL_DEEPSPEED"  # "0".."3": Accelerator() uses DeepSpeed at that ZeRO stage
 
 # (rank, local rank, world size, local world size): torchrun's names first, then SLURM's.
 _SCHEMES = (

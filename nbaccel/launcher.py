@@ -48,9 +48,16 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Literal
 
-from .config import load_config
+from .config import load_config, resolve_sharding
 from .display import LiveView
-from .env import CPU_VAR, FSDP_VAR, MIXED_PRECISION_VAR, threads_per_worker, visible_gpus
+from .env import (
+    CPU_VAR,
+    DEEPSPEED_VAR,
+    FSDP_VAR,
+    MIXED_PRECISION_VAR,
+    threads_per_worker,
+    visible_gpus,
+)
 from .errors import LaunchError, NbaccelError, RankFailure
 from .metrics import Run, local_run
 from .precision import check_mode
@@ -78,6 +85,8 @@ def notebook_launcher(
     live: bool | LiveView = True,
     run: Run | None = None,
     fsdp: bool | None = None,
+    deepspeed: bool | None = None,
+    zero_stage: int | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers; return rank 0's value.
 
@@ -105,6 +114,9 @@ def notebook_launcher(
         cpu: make the workers' Accelerator use the CPU even where GPUs are visible.
         fsdp: make the workers' ``Accelerator()`` shard with FSDP2 (``FSDPPlugin()``) instead
             of replicating the model with DDP. Default: the ``nbaccel config`` value.
+        deepspeed, zero_stage: make the workers' ``Accelerator()`` train through a DeepSpeed
+            engine, ``DeepSpeedPlugin(zero_stage=...)``. ``zero_stage`` (0-3) implies
+            ``deepspeed=True``; ``deepspeed=True`` alone takes the config's stage, else 2.
         live: draw the live view while the workers train (``display.py``): a panel in a
             notebook, a progress line on stderr elsewhere; or pass your own ``LiveView``.
         run: a ``Run`` to fill with every rank's metrics, results and failures; the return
@@ -121,7 +133,7 @@ def notebook_launcher(
         )
     config = load_config()
     cpu = config.cpu if cpu is None else bool(cpu)
-    fsdp = config.fsdp if fsdp is None else bool(fsdp)
+    fsdp, zero_stage = resolve_sharding(config, fsdp, deepspeed, zero_stage)
     mixed_precision = check_mode(mixed_precision or config.mixed_precision)
     gpus = 0 if cpu else visible_gpus()
     if num_processes is None:
@@ -141,6 +153,7 @@ def notebook_launcher(
         MIXED_PRECISION_VAR: mixed_precision,
         CPU_VAR: "1" if cpu else "0",
         FSDP_VAR: "1" if fsdp else "0",
+        DEEPSPEED_VAR: "" if zero_stage is None else str(zero_stage),
         "OMP_NUM_THREADS": str(threads),
         "TORCHELASTIC_USE_AGENT_STORE": "True",  # the store below is the rendezvous
     }

@@ -303,6 +303,7 @@ def test_config_default_then_show(config):
         "mixed_precision": "no",
         "cpu": False,
         "fsdp": False,
+        "zero_stage": None,
     }
     assert nbaccel(config, "config", "--num-processes", "2", "--cpu").returncode == 0
     shown = nbaccel(config, "config", "show")
@@ -314,6 +315,7 @@ def test_config_default_then_show(config):
         "mixed_precision": "no",
         "cpu": True,
         "fsdp": False,
+        "zero_stage": None,
     }
 
 
@@ -328,9 +330,27 @@ def test_config_asks_again_until_the_answer_is_valid(config):
         "mixed_precision": "bf16",
         "cpu": True,
         "fsdp": True,
+        "zero_stage": None,
     }
     again = nbaccel(config, "config", stdin="\n\nno\n\n")  # Enter keeps the current value
     assert json.loads(config.read_text())["num_processes"] == 3, again.stdout
+
+
+def test_config_sets_one_way_to_shard(config):
+    done = nbaccel(config, "config", stdin="\n\n\nno\n7\n3\n")  # no FSDP: which ZeRO stage?
+    assert done.returncode == 0, done.stderr
+    assert "'7' is not none, 0, 1, 2 or 3; try again" in done.stdout
+    assert json.loads(config.read_text())["zero_stage"] == 3
+    assert nbaccel(config, "config", "--fsdp").returncode == 0  # FSDP turns ZeRO off
+    assert json.loads(config.read_text())["fsdp"] is True
+    assert json.loads(config.read_text())["zero_stage"] is None
+    assert nbaccel(config, "config", "--zero-stage", "1").returncode == 0  # and back
+    assert json.loads(config.read_text())["fsdp"] is False
+    assert json.loads(config.read_text())["zero_stage"] == 1
+    assert nbaccel(config, "config", "--zero-stage", "none").returncode == 0
+    assert json.loads(config.read_text())["zero_stage"] is None
+    both = nbaccel(config, "config", "--fsdp", "--zero-stage", "2")
+    assert both.returncode == 2 and "choose one way to shard" in both.stderr
 
 
 def test_config_without_a_terminal_suggests_default(config):

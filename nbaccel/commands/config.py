@@ -1,6 +1,6 @@
 """``nbaccel config``: write the defaults that ``nbaccel launch`` and ``notebook_launcher`` read.
 
-Asks three questions (the current value in brackets; Enter keeps it), or takes the answers as
+Asks up to five questions (the current value in brackets; Enter keeps it), or takes the answers as
 flags, or writes the built-in defaults with ``--default``. ``nbaccel config show`` prints the file.
 """
 
@@ -26,7 +26,7 @@ WHERE = (
 def config_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "config",
-        help="set the defaults for launches (processes, mixed precision, cpu, fsdp)",
+        help="set the defaults for launches (processes, mixed precision, cpu, sharding)",
         description="Write the defaults that `nbaccel launch` and notebook_launcher read: "
         "interactively, or from the flags below. " + WHERE.format(path=config_path()),
     )
@@ -42,6 +42,11 @@ def config_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument(
         "--fsdp", action=argparse.BooleanOptionalAction, help="shard with FSDP2 instead of DDP"
     )
+    parser.add_argument(
+        "--zero-stage",
+        type=stage,
+        help='train through DeepSpeed at this ZeRO stage (0-3); "none": no DeepSpeed',
+    )
     parser.set_defaults(func=config_command)
     return parser
 
@@ -52,14 +57,23 @@ def config_command(args: argparse.Namespace) -> int:
         "mixed_precision": args.mixed_precision,
         "cpu": args.cpu,
         "fsdp": args.fsdp,
+        "zero_stage": args.zero_stage,
     }
-    given = {k: (None if v == "auto" else v) for k, v in flags.items() if v is not None}
+    given = {k: (None if v in ("auto", "none") else v) for k, v in flags.items() if v is not None}
     if args.action == "show":
         if given or args.default:
             raise UsageError("`nbaccel config show` takes no other arguments")
         return show()
     if given or args.default:
-        config = replace(LaunchConfig() if args.default else saved_config(), **given)
+        base = LaunchConfig() if args.default else saved_config()
+        if given.get("fsdp"):  # one way to shard: asking for one turns the other off
+            base = replace(base, zero_stage=None)
+        if given.get("zero_stage") is not None:
+            base = replace(base, fsdp=False)
+        try:
+            config = replace(base, **given)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
     else:
         config = ask_all(current())
     path = save_config(config)
@@ -95,7 +109,17 @@ def ask_all(config: LaunchConfig) -> LaunchConfig:
     mixed = ask(f"Mixed precision ({', '.join(MODES)})", config.mixed_precision, mode)
     cpu = ask("Use the CPU even if there are GPUs (yes/no)", "yes" if config.cpu else "no", yes_no)
     fsdp = ask("Shard with FSDP2 instead of DDP (yes/no)", "yes" if config.fsdp else "no", yes_no)
-    return LaunchConfig(None if n == "auto" else n, mixed, cpu, fsdp)  # type: ignore[arg-type]
+    zero_stage = None
+    if not fsdp:
+        now = "none" if config.zero_stage is None else str(config.zero_stage)
+        zero_stage = ask("Train through DeepSpeed at ZeRO stage (none, 0, 1, 2, 3)", now, stage)
+    return LaunchConfig(
+        None if n == "auto" else n,  # type: ignore[arg-type]
+        mixed,
+        cpu,
+        fsdp,
+        None if zero_stage == "none" else zero_stage,  # type: ignore[arg-type]
+    )
 
 
 def ask(question: str, default: str, parse: Callable[[str], T]) -> T:
@@ -123,6 +147,13 @@ def mode(text: str) -> str:
     if text.lower() not in MODES:
         raise ValueError(f"{text!r} is not one of {', '.join(MODES)}")
     return text.lower()
+
+
+def stage(text: str) -> int | str:
+    text = text.strip().lower()
+    if text not in ("none", "0", "1", "2", "3"):
+        raise ValueError(f"{text!r} is not none, 0, 1, 2 or 3")
+    return "none" if text == "none" else int(text)
 
 
 def yes_no(text: str) -> bool:

@@ -13,7 +13,15 @@ import os
 import signal
 import sys
 
-from ..env import CPU_VAR, FSDP_VAR, MIXED_PRECISION_VAR, threads_per_worker, visible_gpus
+from ..config import resolve_sharding
+from ..env import (
+    CPU_VAR,
+    DEEPSPEED_VAR,
+    FSDP_VAR,
+    MIXED_PRECISION_VAR,
+    threads_per_worker,
+    visible_gpus,
+)
 from ..metrics import PANEL_VAR
 from ..precision import MODES
 from . import UsageError, positive_int, saved_config
@@ -47,6 +55,15 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         help="Accelerator() shards the model with FSDP2, not DDP (default: the config's)",
     )
     parser.add_argument(
+        "--deepspeed",
+        action=argparse.BooleanOptionalAction,
+        help="Accelerator() trains through DeepSpeed, ZeRO stage 2 unless --zero-stage says "
+        "(default: the config's)",
+    )
+    parser.add_argument(
+        "--zero-stage", type=int, choices=(0, 1, 2, 3), help="DeepSpeed's ZeRO stage (implies it)"
+    )
+    parser.add_argument(
         "--save-panel", metavar="PNG", help="save rank 0's final live panel to this PNG file"
     )
     parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
@@ -63,11 +80,16 @@ def launch_command(args: argparse.Namespace) -> int:
     gpus = 0 if cpu else visible_gpus()
     nproc = args.num_processes or config.num_processes or max(gpus, 1)
     check_gpus(nproc, gpus)
+    try:
+        fsdp, zero_stage = resolve_sharding(config, args.fsdp, args.deepspeed, args.zero_stage)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     env = {
         **os.environ,
         MIXED_PRECISION_VAR: args.mixed_precision or config.mixed_precision,
         CPU_VAR: "1" if cpu else "0",
-        FSDP_VAR: "1" if (config.fsdp if args.fsdp is None else args.fsdp) else "0",
+        FSDP_VAR: "1" if fsdp else "0",
+        DEEPSPEED_VAR: "" if zero_stage is None else str(zero_stage),
     }
     if args.save_panel:
         env[PANEL_VAR] = os.path.abspath(args.save_panel)

@@ -1,4 +1,5 @@
-"""Small measuring tools the lessons share: accuracy, parameter bytes, all-reduce counts."""
+"""Small measuring tools the lessons share: accuracy, parameter bytes, all-reduce counts, and
+each rank's bytes of model state under DDP, FSDP2 and DeepSpeed."""
 
 from __future__ import annotations
 
@@ -25,6 +26,57 @@ def accuracy(model: torch.nn.Module, dataset: Dataset, batch_size: int = 512) ->
 def gradient_bytes(model: torch.nn.Module) -> int:
     """Bytes that one all-reduce of all gradients moves per rank: what DDP synchronises."""
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """This rank's bytes of model state, as the ZeRO paper counts it, for a prepared model.
+
+    Works under DDP, FSDP2 and DeepSpeed (any stage) by walking the tensors that the model, its
+    gradients and the optimizer (with DeepSpeed's wrapper) hold, each storage counted once:
+
+    * ``parameters``: the weights this rank keeps (a shard under FSDP2 and ZeRO 3);
+    * ``gradients``: this rank's gradients (a shard under FSDP2 and ZeRO 2-3; ZeRO 1 keeps only
+      its partition once the window's gradients are reduced);
+    * ``optimizer``: optimizer state plus DeepSpeed's float32 master weights;
+    * ``other``: communication buckets and other buffers the engine keeps.
+
+    Call it after ``backward`` and before ``optimizer.step()`` on a step after the first, when
+    gradients and optimizer state both exist. DDP's own gradient buckets live in C++ and are
+    not counted (with ``gradient_as_bucket_view=False``, PyTorch's default, they are another
+    copy of the gradients).
+    """
+    seen: set[int] = set()
+    sizes = {"parameters": 0, "gradients": 0, "optimizer": 0, "other": 0}
+
+    def add(kind: str, obj: object, depth: int = 0) -> None:
+        if isinstance(obj, torch.Tensor):
+            local = getattr(obj, "_local_tensor", obj)  # a DTensor's shard
+            storage = local.untyped_storage()
+            if storage.data_ptr() and storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                sizes[kind] += storage.nbytes()
+            if obj.grad is not None:
+                add("gradients", obj.grad)
+        elif depth < 3 and isinstance(obj, list | tuple):
+            for item in obj:
+                add(kind, item, depth + 1)
+        elif depth < 3 and isinstance(obj, dict):
+            for item in obj.values():
+                add(kind, item, depth + 1)
+
+    module = getattr(model, "module", model)
+    for p in module.parameters():
+        add("parameters", getattr(p, "ds_tensor", None))  # ZeRO 3: p itself is a placeholder
+        add("parameters", p)
+    wrapper = getattr(model, "optimizer", None)  # a DeepSpeed engine's ZeRO optimizer
+    inner = getattr(optimizer, "optimizer", optimizer)  # nbaccel's wrapper holds the torch one
+    for state in inner.state.values():
+        add("optimizer", state)
+    if wrapper is not None and wrapper is not inner:
+        for name, value in vars(wrapper).items():
+            kind = "gradients" if "grad" in name else "optimizer" if "fp32" in name else "other"
+            add("parameters" if "fp16_partitioned" in name else kind, value)
+    return sizes
 
 
 class AllReduceCounter:
