@@ -53,6 +53,7 @@ def report() -> dict[str, str]:
         "CPU cores": f"{cores} usable of {os.cpu_count()}",
         "OMP_NUM_THREADS": f"{os.environ.get('OMP_NUM_THREADS', 'unset')} "
         f"(torch uses {torch.get_num_threads()} threads)",
+        "DeepSpeed": _deepspeed(),
         "Config": _config(),
     }
 
@@ -71,6 +72,15 @@ def _nccl(torch) -> str:
     except Exception:  # CPU builds have no NCCL, and some builds raise on the query
         return "not available"
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def _deepspeed() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:  # the installed version, without importing it (DeepSpeed probes ops on import)
+        return version("deepspeed")
+    except PackageNotFoundError:
+        return "not installed (pip install 'nbaccel[deepspeed]' for ZeRO)"
 
 
 def _config() -> str:
