@@ -693,7 +693,10 @@ class Accelerator:
             for model in self._models:
                 if isinstance(model, DistributedDataParallel):
                     model.reducer = None
-            dist.destroy_process_group()
+            if self._engine is not None:  # DeepSpeed's way also drops its cached groups
+                zero.import_deepspeed(self.device).comm.destroy_process_group()
+            else:
+                dist.destroy_process_group()
         self._owns_process_group = False
         if self._set_local_rank:
             os.environ.pop("LOCAL_RANK", None)

@@ -87,15 +87,12 @@ def import_deepspeed(device: torch.device) -> Any:
     if sys.modules.get("deepspeed") is not None:
         return sys.modules["deepspeed"]
     kind = "cpu" if device.type == "cpu" else "cuda"
-    before = os.environ.get("DS_ACCELERATOR")
-    os.environ["DS_ACCELERATOR"] = before or kind  # read once, at import; restored below
-    try:
-        import deepspeed
-    except ImportError as err:
-        raise ImportError(INSTALL_HINT) from err
-    finally:
-        if before is None:
-            del os.environ["DS_ACCELERATOR"]
+    with _environment_kept():
+        os.environ.setdefault("DS_ACCELERATOR", kind)  # read once, at import
+        try:
+            import deepspeed
+        except ImportError as err:
+            raise ImportError(INSTALL_HINT) from err
     # ZeRO calls collectives that torch has renamed; the warnings are DeepSpeed's to fix
     warnings.filterwarnings(
         "ignore",
@@ -117,12 +114,26 @@ logging.getLogger("DeepSpeed").addFilter(
 
 
 @contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """Remove the environment variables set inside the block (DeepSpeed's accelerator choice,
+    and whatever its start-up sets)."""
+    before = set(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - before:
+            del os.environ[key]
+
+
+@contextlib.contextmanager
 def quiet_start() -> Iterator[None]:
     """Run DeepSpeed's start-up with its probe noise removed from stdout and stderr, at the
-    file-descriptor level (the compiler it probes with runs as a child process)."""
+    file-descriptor level (the compiler it probes with runs as a child process), and without
+    the environment variables it leaves behind."""
     sys.stdout.flush()
     sys.stderr.flush()
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_environment_kept())
         captured = {fd: stack.enter_context(tempfile.TemporaryFile()) for fd in (1, 2)}
         saved = {fd: os.dup(fd) for fd in (1, 2)}
         try:
