@@ -194,15 +194,19 @@ def test_one_process_trains_through_deepspeed_and_leaves_nothing_behind(stage, o
     model, reference = make_model(), make_model()
     reference.load_state_dict(model.state_dict())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.3)
+    model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
     plain = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    plain_schedule = torch.optim.lr_scheduler.StepLR(plain, step_size=1, gamma=0.3)
     x, y = torch.randn(16, 8), torch.randn(16, 1)
-    for _ in range(3):
+    for _ in range(4):
         accelerator.backward(nn.functional.mse_loss(model(x), y))
         optimizer.step()
+        schedule.step()  # the learning rate reaches the engine's optimizer
         plain.zero_grad()
         nn.functional.mse_loss(reference(x), y).backward()
         plain.step()
+        plain_schedule.step()
     full = accelerator.get_state_dict(model)
     accelerator.end_training()
     assert max((full[k] - v).abs().max().item() for k, v in reference.state_dict().items()) < 1e-6
