@@ -24,6 +24,7 @@ from nbaccel.zero import build_config
 
 from .distributed import run_ranks
 from .test_multiprocess import DDP_TOLERANCE, make_model, train
+from .test_sharding import save_then_load
 
 pytest.importorskip("deepspeed", reason="the deepspeed extra is part of `make test`")
 
@@ -137,41 +138,10 @@ def test_zero_trains_in_bf16(stage):
         assert out == saved == "torch.float32"
 
 
-def zero_save_then_load(folder: str) -> tuple[float, float, str]:
-    plugin = DeepSpeedPlugin(zero_stage=3, config=SHARD_ALL)
-    accelerator = Accelerator(deepspeed_plugin=plugin, live=False)
-    set_seed(0)
-    model = make_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)  # state that must come back
-    model, optimizer = accelerator.prepare(model, optimizer)
-    g = torch.Generator().manual_seed(accelerator.rank)
-    x = torch.randn(32, 8, generator=g)
-    y = x[:, :1].sin()
-
-    def steps(n: int) -> dict:
-        for _ in range(n):
-            accelerator.backward(nn.functional.mse_loss(model(x), y))
-            optimizer.step()
-        return accelerator.get_state_dict(model)
-
-    saved = steps(3)
-    accelerator.save_state(folder)
-    continued = steps(3)
-    accelerator.load_state(folder)  # back to the saved weights and Adam moments
-    restored = accelerator.get_state_dict(model)
-    again = steps(3)
-    accelerator.end_training()
-
-    def gap(a: dict, b: dict) -> float:
-        return max((a[k] - b[k]).abs().max().item() for k in a)
-
-    return gap(saved, restored), gap(continued, again)
-
-
 @pytest.mark.multiprocess
 def test_zero_save_state_then_load_state_continues_identically(tmp_path):
     folder = tmp_path / "ckpt"
-    for restored, continued in run_ranks(zero_save_then_load, str(folder)):
+    for restored, continued, _ in run_ranks(save_then_load, str(folder), "zero3"):
         assert restored == 0.0
         assert continued == 0.0, f"training after load_state differs by {continued:.2e}"
     assert (folder / "deepspeed").is_dir() and (folder / "nbaccel_state.json").is_file()
