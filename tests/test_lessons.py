@@ -17,11 +17,12 @@ NAMES = [
     "03_amp.ipynb",
     "04_accelerate.ipynb",
     "05_scaling_lab.ipynb",
+    "06_sharding.ipynb",
 ]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_five_lessons_are_there():
+def test_the_six_lessons_are_there():
     assert [p.name for p in LESSONS] == NAMES
 
 
