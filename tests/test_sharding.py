@@ -14,12 +14,35 @@ from .test_multiprocess import DDP_TOLERANCE, make_model, train
 pytestmark = pytest.mark.multiprocess
 
 
-def fsdp_against_one_process(steps: int, reshard: bool, folder: str) -> dict:
-    plugin = FSDPPlugin(reshard_after_forward=reshard)
-    accelerator = Accelerator(gradient_accumulation_steps=steps, fsdp_plugin=plugin, live=False)
-    sharded = train(accelerator, batch_size=8)  # the prepared model's own state_dict: shards
-    local = sum(v.to_local().numel() for v in sharded.values())
+# DeepSpeed keeps parameters under 1e5 elements whole on every rank in ZeRO 3 (its default
+# stage3_param_persistence_threshold); the test model is tiny, so shard every parameter.
+SHARD_ALL = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}
+
+
+def sharded_accelerator(strategy: str, steps: int = 1) -> Accelerator:
+    """``"fsdp"``, ``"fsdp-keep"`` (no resharding after forward) or ``"zero1"``..``"zero3"``:
+    a name, so that it crosses to spawned ranks."""
+    from nbaccel import DeepSpeedPlugin
+
+    if strategy.startswith("fsdp"):
+        plugin = FSDPPlugin(reshard_after_forward=strategy == "fsdp")
+        return Accelerator(gradient_accumulation_steps=steps, fsdp_plugin=plugin, live=False)
+    plugin = DeepSpeedPlugin(zero_stage=int(strategy[-1]), config=SHARD_ALL)
+    return Accelerator(gradient_accumulation_steps=steps, deepspeed_plugin=plugin, live=False)
+
+
+def local_numel(model: nn.Module) -> int:
+    """Parameter elements this rank holds: FSDP2's DTensor shards, ZeRO 3's partitions."""
+    module = getattr(model, "module", model)  # a DeepSpeed engine holds the user's model
+    local = [getattr(p, "ds_tensor", p) for p in module.parameters()]
+    return sum((t.to_local() if hasattr(t, "to_local") else t).numel() for t in local)
+
+
+def sharded_against_one_process(strategy: str, steps: int, folder: str) -> dict:
+    accelerator = sharded_accelerator(strategy, steps)
+    train(accelerator, batch_size=8)
     model = accelerator._models[0]
+    local = local_numel(model)
     full = accelerator.get_state_dict(model)
     # the lessons' save line writes the whole model, loadable into a plain module
     accelerator.save(accelerator.unwrap_model(model).state_dict(), f"{folder}/model.pt")
@@ -36,9 +59,9 @@ def fsdp_against_one_process(steps: int, reshard: bool, folder: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("steps, reshard", [(1, True), (2, False)])
-def test_fsdp_matches_one_process_and_saves_a_plain_state_dict(tmp_path, steps, reshard):
-    results = run_ranks(fsdp_against_one_process, steps, reshard, str(tmp_path))
+@pytest.mark.parametrize("strategy, steps", [("fsdp", 1), ("fsdp-keep", 2)])
+def test_fsdp_matches_one_process_and_saves_a_plain_state_dict(tmp_path, strategy, steps):
+    results = run_ranks(sharded_against_one_process, strategy, steps, str(tmp_path))
     for r in results:
         assert r["gap"] < DDP_TOLERANCE, f"weights differ by {r['gap']:.2e}"
         assert r["saved_gap"] == 0.0
@@ -122,16 +145,8 @@ def test_notebook_launcher_and_nbaccel_launch_ask_for_fsdp(tmp_path):
 def save_then_load(folder: str, strategy: str) -> tuple[float, float, dict]:
     """Train, save_state, train on, load_state, train again: ``(saved vs restored weights,
     first continuation vs second, the saved weights)``, gaps 0.0 when resuming is exact.
-    ``strategy`` is
-    ``"fsdp"`` or ``"zero3"`` (a name, so that it crosses to spawned ranks)."""
-    from nbaccel import DeepSpeedPlugin
-
-    if strategy == "fsdp":
-        accelerator = Accelerator(fsdp_plugin=FSDPPlugin(), live=False)
-    else:
-        config = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}
-        plugin = DeepSpeedPlugin(zero_stage=3, config=config)
-        accelerator = Accelerator(deepspeed_plugin=plugin, live=False)
+    ``strategy``: see ``sharded_accelerator``."""
+    accelerator = sharded_accelerator(strategy)
     set_seed(0)
     model = make_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)  # state that must come back

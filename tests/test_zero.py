@@ -23,45 +23,18 @@ from nbaccel.config import LaunchConfig, resolve_sharding
 from nbaccel.zero import build_config
 
 from .distributed import run_ranks
-from .test_multiprocess import DDP_TOLERANCE, make_model, train
-from .test_sharding import save_then_load
+from .test_multiprocess import DDP_TOLERANCE, make_model
+from .test_sharding import SHARD_ALL, save_then_load, sharded_against_one_process
 
 pytest.importorskip("deepspeed", reason="the deepspeed extra is part of `make test`")
 
 CPU = torch.device("cpu")
-# DeepSpeed keeps parameters under 1e5 elements whole on every rank in ZeRO 3 (its default
-# stage3_param_persistence_threshold); the test model is tiny, so shard every parameter.
-SHARD_ALL = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}
-
-
-def zero_against_one_process(stage: int, steps: int, folder: str) -> dict:
-    plugin = DeepSpeedPlugin(zero_stage=stage, config=SHARD_ALL)
-    accelerator = Accelerator(
-        gradient_accumulation_steps=steps, deepspeed_plugin=plugin, live=False
-    )
-    train(accelerator, batch_size=8)
-    engine = accelerator._models[0]
-    local = sum(getattr(p, "ds_tensor", p).numel() for p in engine.module.parameters())
-    full = accelerator.get_state_dict(engine)
-    # the lessons' save line writes the whole model, loadable into a plain module
-    accelerator.save(accelerator.unwrap_model(engine).state_dict(), f"{folder}/model.pt")
-    accelerator.wait_for_everyone()
-    saved = make_model()
-    saved.load_state_dict(torch.load(f"{folder}/model.pt", weights_only=True))
-    expected = train(None, batch_size=8 * 2 * steps)
-    accelerator.end_training()
-    return {
-        "gap": max((full[k] - expected[k]).abs().max().item() for k in expected),
-        "saved_gap": max((v - full[k]).abs().max().item() for k, v in saved.state_dict().items()),
-        "local": local,
-        "total": sum(v.numel() for v in expected.values()),
-    }
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("stage, steps", [(1, 1), (2, 2), (3, 2)])
 def test_zero_matches_one_process_and_saves_a_plain_state_dict(tmp_path, stage, steps):
-    results = run_ranks(zero_against_one_process, stage, steps, str(tmp_path))
+    results = run_ranks(sharded_against_one_process, f"zero{stage}", steps, str(tmp_path))
     for r in results:
         assert r["gap"] < DDP_TOLERANCE, f"ZeRO {stage}: weights differ by {r['gap']:.2e}"
         assert r["saved_gap"] == 0.0
