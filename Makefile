@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/launch.py
 	$(BIN)/python benchmarks/live.py
+	$(BIN)/python benchmarks/sharding.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,5 +1,6 @@
 """DeepSpeed ZeRO through the Accelerator on 2 CPU ranks (gloo), against plain PyTorch in one
-process; and the plugin's settings, checked before any engine starts."""
+process; and the plugin's settings, checked before any engine starts. `make` installs the
+deepspeed extra: without it these tests fail with the install hint, they do not skip."""
 
 from __future__ import annotations
 
@@ -25,8 +26,6 @@ from nbaccel.zero import build_config
 from .distributed import run_ranks
 from .test_multiprocess import DDP_TOLERANCE, make_model
 from .test_sharding import SHARD_ALL, save_then_load, sharded_against_one_process
-
-pytest.importorskip("deepspeed", reason="the deepspeed extra is part of `make test`")
 
 CPU = torch.device("cpu")
 
