@@ -19,16 +19,17 @@ pytestmark = pytest.mark.multiprocess
 SHARD_ALL = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}
 
 
-def sharded_accelerator(strategy: str, steps: int = 1) -> Accelerator:
+def sharded_accelerator(strategy: str, steps: int = 1, mixed_precision="no") -> Accelerator:
     """``"fsdp"``, ``"fsdp-keep"`` (no resharding after forward) or ``"zero1"``..``"zero3"``:
     a name, so that it crosses to spawned ranks."""
     from nbaccel import DeepSpeedPlugin
 
+    options = {"gradient_accumulation_steps": steps, "mixed_precision": mixed_precision}
     if strategy.startswith("fsdp"):
         plugin = FSDPPlugin(reshard_after_forward=strategy == "fsdp")
-        return Accelerator(gradient_accumulation_steps=steps, fsdp_plugin=plugin, live=False)
+        return Accelerator(fsdp_plugin=plugin, live=False, **options)
     plugin = DeepSpeedPlugin(zero_stage=int(strategy[-1]), config=SHARD_ALL)
-    return Accelerator(gradient_accumulation_steps=steps, deepspeed_plugin=plugin, live=False)
+    return Accelerator(deepspeed_plugin=plugin, live=False, **options)
 
 
 def local_numel(model: nn.Module) -> int:
@@ -70,8 +71,9 @@ def test_fsdp_matches_one_process_and_saves_a_plain_state_dict(tmp_path, strateg
     assert max(r["local"] for r in results) <= 0.6 * results[0]["total"]
 
 
-def fsdp_in_bf16() -> tuple[float, float]:
-    accelerator = Accelerator(mixed_precision="bf16", fsdp_plugin=FSDPPlugin(), live=False)
+def sharded_in_bf16(strategy: str) -> tuple[float, float, str, str]:
+    """First and last loss of 30 bf16 steps, the output dtype and the saved weights' dtype."""
+    accelerator = sharded_accelerator(strategy, mixed_precision="bf16")
     torch.manual_seed(0)
     model = make_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -86,14 +88,15 @@ def fsdp_in_bf16() -> tuple[float, float]:
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-    assert out.dtype == torch.float32  # the policy returns float32 outputs
+    saved = accelerator.get_state_dict(model)
     accelerator.end_training()
-    return losses[0], losses[-1]
+    return losses[0], losses[-1], str(out.dtype), str(next(iter(saved.values())).dtype)
 
 
 def test_fsdp_trains_in_bf16():
-    for first, last in run_ranks(fsdp_in_bf16):
+    for first, last, out, saved in run_ranks(sharded_in_bf16, "fsdp"):
         assert last < first / 2, (first, last)
+        assert out == saved == "torch.float32"  # float32 outputs; float32 sharded weights
 
 
 def test_fp16_with_fsdp_is_refused_with_a_way_out():

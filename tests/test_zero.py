@@ -25,7 +25,11 @@ from nbaccel.zero import build_config
 
 from .distributed import run_ranks
 from .test_multiprocess import DDP_TOLERANCE, make_model
-from .test_sharding import SHARD_ALL, save_then_load, sharded_against_one_process
+from .test_sharding import (
+    save_then_load,
+    sharded_against_one_process,
+    sharded_in_bf16,
+)
 
 CPU = torch.device("cpu")
 
@@ -80,32 +84,10 @@ def test_gradient_clipping_given_once_matches_torch_clipping():
         assert gap < DDP_TOLERANCE, f"clipped weights differ by {gap:.2e}"
 
 
-def zero_in_bf16(stage: int) -> tuple[float, float, str, str]:
-    plugin = DeepSpeedPlugin(zero_stage=stage, config=SHARD_ALL)
-    accelerator = Accelerator(mixed_precision="bf16", deepspeed_plugin=plugin, live=False)
-    torch.manual_seed(0)
-    model = make_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    x = torch.randn(64, 8)
-    y = (x[:, :1] * x[:, 1:2]).sin()
-    losses = []
-    for _ in range(30):
-        out = model(x)
-        loss = nn.functional.mse_loss(out, y)
-        accelerator.backward(loss)
-        optimizer.step()
-        losses.append(loss.item())
-    saved = accelerator.get_state_dict(model)
-    accelerator.end_training()
-    # outputs come back float32; the saved weights are the float32 masters
-    return losses[0], losses[-1], str(out.dtype), str(next(iter(saved.values())).dtype)
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("stage", [2, 3])
 def test_zero_trains_in_bf16(stage):
-    for first, last, out, saved in run_ranks(zero_in_bf16, stage):
+    for first, last, out, saved in run_ranks(sharded_in_bf16, f"zero{stage}"):
         assert last < first / 2, (first, last)
         assert out == saved == "torch.float32"
 
