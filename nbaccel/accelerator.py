@@ -318,7 +318,7 @@ class Accelerator:
                 + (", and an engine was already prepared." if self._engine is not None else ".")
             )
         prepared = [
-            obj if i in models or i in optimizers else self._prepare_one(obj)
+            obj if i in models or i in optimizers or zero.is_engine(obj) else self._prepare_one(obj)
             for i, obj in enumerate(objects)
         ]
         if models:

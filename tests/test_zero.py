@@ -120,6 +120,8 @@ def test_one_process_trains_through_deepspeed_and_leaves_nothing_behind(stage, o
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.3)
     model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
+    assert accelerator.prepare(model, optimizer) == (model, optimizer)  # prepared stays as is
+    assert len(accelerator._models) == 1  # and is not prepared (wrapped, counted) again
     plain = torch.optim.AdamW(reference.parameters(), lr=1e-2)
     plain_schedule = torch.optim.lr_scheduler.StepLR(plain, step_size=1, gamma=0.3)
     x, y = torch.randn(16, 8), torch.randn(16, 1)
