@@ -595,7 +595,7 @@ class Accelerator:
         if self.fsdp_plugin is not None and self.env.is_distributed:
             obj = full_tensors(obj)
         if self._engine is not None:  # ZeRO 3 placeholders, bf16 copies: the whole float32
-            obj = zero.consolidate(obj, [self._engine])
+            obj = zero.consolidate(obj, self._engine)
         if self.is_main_process:
             checkpoint.atomic_save(obj, path)
 

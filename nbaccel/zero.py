@@ -21,6 +21,7 @@ small C++ op (about a minute on 2 cores), cached under ``~/.cache/torch_extensio
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -84,33 +85,34 @@ class DeepSpeedPlugin:
 
 def import_deepspeed(device: torch.device) -> Any:
     """Import DeepSpeed for ``device``'s kind (so ``cpu=True`` on a GPU machine stays on CPU)."""
-    if sys.modules.get("deepspeed") is not None:
-        return sys.modules["deepspeed"]
-    kind = "cpu" if device.type == "cpu" else "cuda"
-    with _environment_kept():
-        os.environ.setdefault("DS_ACCELERATOR", kind)  # read once, at import
-        try:
-            import deepspeed
-        except ImportError as err:
-            raise ImportError(INSTALL_HINT) from err
-    # ZeRO calls collectives that torch has renamed; the warnings are DeepSpeed's to fix
-    warnings.filterwarnings(
-        "ignore",
-        message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is "
-        "deprecated",
-    )
-    for name in ("DeepSpeed", "deepspeed"):  # its INFO lines drown the user's own output
-        if logging.getLogger(name).level == logging.NOTSET or name == "DeepSpeed":
-            logging.getLogger(name).setLevel(logging.WARNING)
-    return deepspeed
+    if sys.modules.get("deepspeed") is None:
+        with _environment_kept():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu" if device.type == "cpu" else "cuda")
+            try:
+                import deepspeed  # noqa: F401  (it reads DS_ACCELERATOR once, here)
+            except ImportError as err:
+                raise ImportError(INSTALL_HINT) from err
+    _quiet_known_noise()  # also when the user imported DeepSpeed first
+    return sys.modules["deepspeed"]
 
 
 # What DeepSpeed prints while it starts that says nothing to a user of nbaccel: the result of
 # probing for optional ops (a linker line per missing library) and of loading a cached op.
 NOISE = ("cannot find -laio", "collect2: error: ld returned", "built successfully")
-logging.getLogger("DeepSpeed").addFilter(
-    lambda record: "untested optimizer" not in record.getMessage()  # nbaccel allows them
-)
+
+
+@functools.cache
+def _quiet_known_noise() -> None:
+    """Once per process: DeepSpeed's warning about the torch optimizers nbaccel lets it use,
+    and torch's about two collectives it renamed, which DeepSpeed still calls."""
+    logging.getLogger("DeepSpeed").addFilter(
+        lambda record: "untested optimizer" not in record.getMessage()
+    )
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is "
+        "deprecated",
+    )
 
 
 @contextlib.contextmanager
@@ -342,19 +344,17 @@ def _gathered(engine: Any):
         yield
 
 
-def consolidate(obj: Any, engines: list[Any]) -> Any:
-    """Replace, anywhere in ``obj``, a state dict of a prepared engine's model by the whole one.
+def consolidate(obj: Any, engine: Any) -> Any:
+    """Replace, anywhere in ``obj``, a state dict of the engine's model by the whole one.
 
     A state dict is recognised by its keys: ``unwrap_model(model).state_dict()`` under ZeRO 3
     holds empty placeholders, and under bf16 16-bit copies of the float32 weights. Ranks save
     the same structure, so they agree on whether to gather (a collective).
     """
-    wanted = {frozenset(e.module.state_dict()): e for e in engines}
+    keys = frozenset(engine.module.state_dict())
 
-    def match(x: Any) -> Any:
-        if isinstance(x, Mapping) and all(isinstance(k, str) for k in x):
-            return wanted.get(frozenset(x))
-        return None
+    def match(x: Any) -> bool:
+        return isinstance(x, Mapping) and len(x) == len(keys) and set(x) == keys
 
     def children(x: Any) -> list[Any]:
         if isinstance(x, Mapping):
@@ -362,16 +362,15 @@ def consolidate(obj: Any, engines: list[Any]) -> Any:
         return list(x) if isinstance(x, list | tuple) else []
 
     def found(x: Any) -> bool:
-        return match(x) is not None or any(found(c) for c in children(x))
+        return match(x) or any(found(c) for c in children(x))
 
     if not found(obj):
         return obj
-    full = {id(e): full_state_dict(e) for e in engines}
+    full = full_state_dict(engine)
 
     def walk(x: Any) -> Any:
-        engine = match(x)
-        if engine is not None:
-            return type(x)(full[id(engine)]) if isinstance(x, dict) else full[id(engine)]
+        if match(x):
+            return type(x)(full) if isinstance(x, dict) else full
         if isinstance(x, Mapping):
             return type(x)({k: walk(v) for k, v in x.items()})
         if isinstance(x, list | tuple):

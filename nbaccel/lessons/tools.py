@@ -38,7 +38,7 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
     * ``gradients``: this rank's gradients (a shard under FSDP2 and ZeRO 2-3; ZeRO 1 keeps only
       its partition once the window's gradients are reduced);
     * ``optimizer``: optimizer state plus DeepSpeed's float32 master weights;
-    * ``other``: communication buckets and other buffers the engine keeps.
+    * ``other``: any other tensor DeepSpeed's optimizer wrapper holds directly.
 
     Call it after ``backward`` and before ``optimizer.step()`` on a step after the first, when
     gradients and optimizer state both exist. DDP's own gradient buckets live in C++ and are
