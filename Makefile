@@ -7,12 +7,12 @@ STAMP  := $(VENV)/.installed
 # As if the venv were activated: the lessons' `!nbaccel ...` cells find the command.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: demo lessons lab test lint bench clean
+.PHONY: demo lessons lab test lint bench clean chromium
 
 # Reinstall whenever the pins or the declared dependencies change.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet -c constraints.txt -e '.[notebook,test,dev,deepspeed]'
+	$(PIP) install --quiet -c constraints.txt -e '.[notebook,test,dev,deepspeed,browser]'
 	$(BIN)/python -m nbaccel.zero --build-ops
 	touch $(STAMP)
 
@@ -31,8 +31,21 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
-	$(BIN)/python -m pytest
+# The browser tests drive Debian's Chromium (never a downloaded browser). As root (CI) make
+# installs it and the tests must run; elsewhere they run if it is there and skip if not.
+CHROMIUM := /usr/bin/chromium
+BROWSER := $(shell test "$$(id -u)" = 0 && echo required)
+
+chromium:
+	@if [ ! -x $(CHROMIUM) ] && [ "$(BROWSER)" = required ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends chromium > /dev/null; \
+	elif [ ! -x $(CHROMIUM) ]; then \
+		echo "note: no $(CHROMIUM); the browser tests will skip (sudo apt-get install chromium)"; \
+	fi
+
+test: lint chromium
+	NBACCEL_BROWSER=$(BROWSER) $(BIN)/python -m pytest
 
 # The peers' columns need the bench extra (HF Accelerate, Lightning), pinned like the rest.
 bench: $(STAMP)

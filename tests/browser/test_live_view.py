@@ -1,0 +1,252 @@
+"""The live view in the real front ends: the flagship lesson run in JupyterLab and in
+Notebook 7, in Debian's Chromium driven by Playwright (no browser download: the system one).
+
+Kernel-level tests prove the panel is sent; this proves a learner sees it move. Screenshots
+of the finished runs go to ``artifacts/browser/`` (ignored by git).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+# Each run starts a server, a browser, a kernel and the lesson's workers: on a loaded 2-core
+# machine one front end has taken 3.5 min. The limits catch a hang, not slowness.
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+LESSON = "04_accelerate.ipynb"
+LAUNCH_CELL = "two = notebook_launcher("  # the first launch: its live panel must move
+PROGRESS = re.compile(r"step (\d+)/(\d+)")  # the progress line: steps done of the total
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = ROOT / "artifacts" / "browser"
+RUN_TIMEOUT = 600  # s for the whole notebook, from Run All
+# ipywidgets shown as their text fallback instead of as widgets, or not at all
+WIDGET_TEXT = re.compile(
+    r"\b(HBox|VBox|IntProgress|FloatProgress|IntSlider|FloatSlider|Dropdown|Label|Button|Output)\("
+    r"|Error displaying widget|Loading widget\.\.\."
+)
+SETTINGS = {  # JupyterLab's user settings for the test's server
+    # every cell in the page, not only those scrolled into view
+    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+    # no "get notified about Jupyter news?" toast over the screenshot
+    "@jupyterlab/apputils-extension/notification": {"fetchNews": "false"},
+}
+
+
+def _require_browser() -> None:
+    if Path(CHROMIUM).exists():
+        return
+    message = (
+        f"Debian's chromium is not installed ({CHROMIUM}); `make test` installs it as root "
+        "(apt-get install chromium)"
+    )
+    if os.environ.get("NBACCEL_BROWSER") == "required":  # set by make where it installed it
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def server(tmp_path_factory):
+    """JupyterLab (which also serves Notebook 7) on 127.0.0.1, a free port, no token, on a copy
+    of the lesson with its outputs cleared; stopped, with its kernels, at the end."""
+    _require_browser()
+    home = tmp_path_factory.mktemp("lab")
+    root = home / "notebooks"  # what the file browser shows: the lesson alone
+    root.mkdir()
+    notebook = json.loads((ROOT / "notebooks" / LESSON).read_text())
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    (root / LESSON).write_text(json.dumps(notebook))
+    for name, value in SETTINGS.items():
+        path = home / "settings" / f"{name}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
+    env = {
+        **os.environ,
+        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+        "JUPYTER_CONFIG_DIR": str(home / "config"),
+        "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        "--ServerApp.port=0",  # a free port, chosen by the kernel
+        "--IdentityProvider.token=",
+        "--ServerApp.password=",
+        f"--ServerApp.root_dir={root}",
+    ]
+    if os.geteuid() == 0:  # CI runs as root; Jupyter refuses root unless told
+        command.append("--allow-root")
+    log = (home / "server.log").open("w")
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        info = home / "runtime" / f"jpserver-{process.pid}.json"
+        deadline = time.monotonic() + 90
+        while not info.exists():
+            assert process.poll() is None, (home / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "JupyterLab did not start in 90 s"
+            time.sleep(0.2)
+        time.sleep(0.2)  # the file is written whole, but give the writer a moment
+        yield json.loads(info.read_text())["url"], root
+    finally:
+        _stop(process)
+        log.close()
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Stop the server, then whatever it started that is still running (kernels, their
+    workers), by PID."""
+    try:
+        family = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    process.terminate()  # the server shuts its kernels down
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    _, alive = psutil.wait_procs(family, timeout=15)
+    for child in alive:
+        child.kill()
+    psutil.wait_procs(alive, timeout=10)
+
+
+@pytest.fixture
+def browser():
+    _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def run_all_and_watch(page, url: str) -> dict:
+    """Open the lesson, run every cell from the Run menu, and watch the first launch's panel
+    while that cell runs. Returns what was seen."""
+    page.goto(url)
+    launch = page.locator(".jp-CodeCell", has_text=LAUNCH_CELL).first
+    launch.wait_for(timeout=90_000)  # the notebook is rendered (a kernel starts meanwhile)
+    for _ in range(5):  # the menu item stays disabled until the kernel is connected
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+        try:
+            page.wait_for_function(
+                """() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))
+                             .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))""",
+                timeout=15_000,
+            )
+            break
+        except Exception:
+            page.keyboard.press("Escape")  # close the menu if it is still open; try again
+    else:
+        raise AssertionError("Run > Run All Cells did not start the notebook")
+
+    # A queued cell shows [*] as a running one does, and its outputs were cleared: what shows
+    # under the launch cell while it shows [*] was drawn while it ran. The progress line above
+    # the panel says whether the workers were still training (step 120/750) or had finished
+    # (750/750), so a panel counts as drawn during training only beside an unfinished count.
+    panels: list[dict] = []  # each distinct panel: when (s after Run All), during training?
+    clock = time.monotonic()
+    started = False
+    deadline = clock + RUN_TIMEOUT
+    while time.monotonic() < deadline:
+        prompt, text, images = launch.evaluate(
+            """cell => [cell.querySelector('.jp-InputPrompt').textContent,
+                        cell.querySelector('.jp-OutputArea')?.innerText ?? '',
+                        Array.from(cell.querySelectorAll('.jp-OutputArea img')).map(i => i.src)]"""
+        )
+        running = "*" in prompt
+        started = started or running
+        if running:
+            count = PROGRESS.search(text)
+            training = bool(count) and int(count[1]) < int(count[2])
+            for source in images:
+                digest = hashlib.sha1(source.encode()).hexdigest()
+                if not panels or panels[-1]["digest"] != digest:
+                    moment = round(time.monotonic() - clock, 1)
+                    panels.append({"digest": digest, "s": moment, "training": training})
+        elif started:
+            break
+        time.sleep(0.1)
+    ended = round(time.monotonic() - clock, 1)
+    assert started, "the launch cell never started running"
+    # then the rest of the notebook: no cell left queued or running (hidden inputs show no
+    # prompt, so look for the pending ones)
+    page.wait_for_function(
+        """() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))
+                     .every(p => !/\\[( |\\*)\\]/.test(p.textContent))""",
+        timeout=max(deadline - time.monotonic(), 1) * 1000,
+        polling=500,
+    )
+    outputs = page.locator(".jp-OutputArea-output").all_inner_texts()
+    text, images = launch.evaluate(
+        """cell => [cell.querySelector('.jp-OutputArea')?.innerText ?? '',
+                    Array.from(cell.querySelectorAll('.jp-OutputArea img')).map(i => i.src)]"""
+    )
+    count = PROGRESS.search(text)
+    final = {
+        "finished": bool(count) and count[1] == count[2],  # the progress line says 750/750
+        "digests": [hashlib.sha1(source.encode()).hexdigest() for source in images],
+    }
+    launch.scroll_into_view_if_needed()
+    return {"panels": panels, "ended": ended, "outputs": outputs, "final": final}
+
+
+FRONT_ENDS = [("jupyterlab", "lab/tree"), ("notebook7", "notebooks")]  # and their URL paths
+
+
+@pytest.mark.parametrize("front_end, path", FRONT_ENDS)
+def test_the_live_panel_moves_in_the_browser(server, browser, front_end, path):
+    url, _ = server
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    try:
+        seen = run_all_and_watch(page, f"{url}{path}/{LESSON}")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"{front_end}.png"))
+        page.locator(".jp-CodeCell", has_text=LAUNCH_CELL).first.screenshot(
+            path=str(ARTIFACTS / f"{front_end}-launch-cell.png")  # the README's picture
+        )
+        timings = {"panels": seen["panels"], "cell_ended_s": seen["ended"]}
+        (ARTIFACTS / f"{front_end}.json").write_text(json.dumps(timings, indent=1) + "\n")
+    finally:
+        page.close()
+    # the panel appeared while the workers were training, then changed at least twice
+    during = [panel["s"] for panel in seen["panels"] if panel["training"]]
+    assert len(during) >= 3, (
+        f"panels during training at {during} s after Run All, all panels at "
+        f"{[panel['s'] for panel in seen['panels']]} s; the cell ended at {seen['ended']} s"
+    )
+    # one panel stays, drawn after training: none of those drawn while it ran
+    final = seen["final"]
+    assert final["finished"], "the progress line does not show the finished count"
+    assert len(final["digests"]) == 1, f"{len(final['digests'])} panels under the launch cell"
+    training = {panel["digest"] for panel in seen["panels"] if panel["training"]}
+    assert final["digests"][0] not in training, "the final panel is one drawn during training"
+    errors = [text for text in seen["outputs"] if "Traceback (most recent call last)" in text]
+    assert not errors, errors[0][-2000:]
+    fallback = [text for text in seen["outputs"] if WIDGET_TEXT.search(text)]
+    assert not fallback, f"widgets shown as text: {fallback[0][:300]}"
