@@ -5,6 +5,8 @@
 
 A notebook runs in its own folder, as Jupyter would run it, and is written back only when
 every cell succeeded (through a temporary file, so a failed run leaves the old one whole).
+``lessons`` then rebuilds the Arabic edition (``notebooks/ar/``) from the English lessons just
+run and their translations: the same code cells with the same outputs (``edition``).
 """
 
 from __future__ import annotations
@@ -84,11 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--out", type=Path, default=Path("results/demo"))
     args = parser.parse_args(argv)
     if args.command == "lessons":
+        from . import edition
+
         for path in args.notebooks or lessons():
             started = time.perf_counter()
             print(f"{path}: running ...", flush=True)
             execute(path)
             print(f"{path}: done in {time.perf_counter() - started:.0f} s", flush=True)
+        for path in edition.translated():  # every lesson: a translation may be out of date
+            print(f"{path.name}: Arabic edition -> {edition.build(path)}", flush=True)
         return 0
     started = time.perf_counter()
     dest = args.out / FLAGSHIP

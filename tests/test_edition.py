@@ -1,0 +1,132 @@
+"""The Arabic edition (notebooks/ar/): the same code as the English lessons, Markdown translated,
+right to left, and up to date with the English text. nbaccel.lessons.edition builds it."""
+
+from __future__ import annotations
+
+import re
+
+import nbformat
+import pytest
+
+from nbaccel.lessons import edition, runner
+
+LESSONS = runner.lessons()
+GLOSSARY = {  # the course's own terms (issue 8), each listed in notebooks/ar/README.md
+    "التدريب غير المعتمد على الجهاز": "device-agnostic training",
+    "تراكم التدرجات": "gradient accumulation",
+    "الدقة المختلطة": "mixed precision",
+    "تحجيم التدرجات": "gradient scaling",
+    "محمّل البيانات": "data loader",
+    "المُحسّن": "optimizer",
+    "الانتشار العكسي": "backpropagation",
+    "أخذ العينات الموزع": "distributed sampling",
+    "نقطة التحقق": "checkpoint",
+    "عدة عقد": "multiple nodes",
+    "تغليف DDP": "DDP wrapping",
+    "التكامل مع DeepSpeed": "DeepSpeed integration",
+}
+ARABIC_LETTER = re.compile(r"[\u0600-\u06FF]")
+
+
+def read(path):
+    return nbformat.read(path, as_version=4)
+
+
+def code(notebook) -> list[tuple[str, dict]]:
+    return [(c.source, c.metadata) for c in notebook.cells if c.cell_type == "code"]
+
+
+@pytest.mark.parametrize("english", LESSONS, ids=lambda p: p.stem)
+def test_every_code_cell_is_the_english_one(english):
+    arabic = edition.ARABIC / english.name
+    assert arabic.exists(), f"no Arabic edition of {english.name}: run make lessons"
+    assert code(read(arabic)) == code(read(english)), (
+        f"{arabic} has code that differs from {english}: change the English lesson and run "
+        "`make lessons`, which rebuilds the Arabic one from it"
+    )
+
+
+@pytest.mark.parametrize("english", LESSONS, ids=lambda p: p.stem)
+def test_the_arabic_text_is_up_to_date_and_right_to_left(english):
+    text = (edition.TEXT / f"{english.stem}.md").read_text(encoding="utf-8")
+    built = edition.translate(read(english), edition.parse(text), english.name)  # or Stale
+    committed = read(edition.ARABIC / english.name)
+    markdown = [c.source for c in committed.cells if c.cell_type == "markdown"]
+    assert markdown == [c.source for c in built.cells if c.cell_type == "markdown"], (
+        "the committed Arabic notebook's Markdown is not its translation file's: run make lessons"
+    )
+    for source in markdown:
+        assert source.startswith('<div dir="rtl">') and source.endswith("</div>")
+        assert ARABIC_LETTER.search(source), f"not translated: {source[:200]}"
+    nbformat.validate(committed)
+
+
+def test_a_changed_english_cell_stops_the_build_and_names_the_cell():
+    english = read(runner.NOTEBOOKS / runner.FLAGSHIP)
+    sections = edition.parse((edition.TEXT / "04_accelerate.md").read_text(encoding="utf-8"))
+    edition.translate(english, sections, "04")  # as committed: no error
+    index = next(i for i, c in enumerate(english.cells) if c.cell_type == "markdown" and i > 0)
+    english.cells[index].source += "\nA sentence added in English."
+    with pytest.raises(edition.Stale, match=rf"cell {index} changed in English"):
+        edition.translate(english, sections, "04")
+    english.cells.insert(1, nbformat.v4.new_markdown_cell("A new English cell."))
+    with pytest.raises(edition.Stale, match="cell 1 has no translation"):
+        edition.translate(english, sections, "04")
+
+
+def test_code_changes_reach_the_arabic_edition_through_the_build(tmp_path):
+    english = read(runner.NOTEBOOKS / runner.FLAGSHIP)
+    english.cells[1].source += "\nEPOCHS += 1  # a change to the English code"
+    (tmp_path / runner.FLAGSHIP).write_text(nbformat.writes(english))
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "04_accelerate.md").write_bytes(
+        (edition.TEXT / "04_accelerate.md").read_bytes()
+    )
+    built = edition.build(tmp_path / runner.FLAGSHIP, folder=tmp_path)
+    assert built.parent == tmp_path and code(read(built)) == code(english)
+    assert read(built).cells[1].source.endswith("EPOCHS += 1  # a change to the English code")
+
+
+def test_code_inside_arabic_text_stays_left_to_right():
+    """In a right-to-left paragraph the bidi algorithm would show `f()` as `()f`: inline code
+    goes in a left-to-right isolate, fenced blocks in a left-to-right div."""
+    text = "استدعِ `loss.backward()` ثم:\n\n```bash\nmake lessons  # `x`\n```\nانتهى."
+    html = edition.right_to_left(text)
+    assert html.startswith('<div dir="rtl">\n\n') and html.endswith("\n\n</div>")
+    assert f"{edition.LRI}`loss.backward()`{edition.PDI}" in html
+    assert '\n<div dir="ltr">\n\n```bash\nmake lessons  # `x`\n```\n\n</div>\n\n' in html
+    assert html.count(edition.LRI) == 1  # nothing inside the fenced block is touched
+
+
+def test_a_malformed_translation_file_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="starts with a marker"):
+        edition.parse("some text before any marker\n<!-- cell 0, English 000000000000 -->\nx")
+
+
+def test_the_glossary_lists_the_course_terms_with_their_english():
+    readme = (edition.ARABIC / "README.md").read_text(encoding="utf-8")
+    rows = [line for line in readme.splitlines() if line.startswith("|")]
+    for arabic, english in GLOSSARY.items():
+        assert any(arabic in row and english in row for row in rows), (arabic, english)
+
+
+@pytest.mark.parametrize("english", LESSONS, ids=lambda p: p.stem)
+def test_no_arabic_reaches_a_plot(english):
+    """matplotlib neither joins Arabic letters nor lays them right to left, so an Arabic label
+    would come out as broken glyphs. Plots stay English in both editions: the Arabic one runs
+    the English code, and neither the code nor the live panel holds an Arabic letter."""
+    for source, _ in code(read(edition.ARABIC / english.name)):
+        assert not ARABIC_LETTER.search(source), source[:200]
+
+
+def test_the_live_panel_has_no_arabic_text():
+    from nbaccel.display import Panel
+    from nbaccel.metrics import Record, Run
+
+    run = Run(world_size=2)
+    run.add([Record(rank, 0, 0.0, "loss", 1.0) for rank in (0, 1)])
+    panel = Panel()
+    panel.png(run)  # updated and drawn: the legend and tick labels exist
+    texts = [t.get_text() for t in panel.fig.findobj(lambda a: hasattr(a, "get_text"))]
+    assert "loss" in texts and "throughput" in texts
+    assert not any(ARABIC_LETTER.search(text) for text in texts)
