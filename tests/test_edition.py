@@ -130,3 +130,16 @@ def test_the_live_panel_has_no_arabic_text():
     texts = [t.get_text() for t in panel.fig.findobj(lambda a: hasattr(a, "get_text"))]
     assert "loss" in texts and "throughput" in texts
     assert not any(ARABIC_LETTER.search(text) for text in texts)
+
+
+def test_make_lessons_rebuilds_the_arabic_edition_of_the_lessons_it_ran(monkeypatch, tmp_path):
+    ran, built = [], []
+    monkeypatch.setattr(runner, "execute", ran.append)  # no kernels: only what gets rebuilt
+    monkeypatch.setattr(edition, "build", lambda path: built.append(path) or path)
+    other = tmp_path / "not_a_lesson.ipynb"
+    flagship = runner.NOTEBOOKS / runner.FLAGSHIP
+    assert runner.main(["lessons", str(flagship), str(other)]) == 0
+    assert ran == [flagship, other] and built == [flagship.resolve()]
+    built.clear()
+    assert runner.main(["lessons", str(edition.ARABIC / runner.FLAGSHIP)]) == 0
+    assert built == []  # an Arabic notebook run by name keeps its own outputs

@@ -88,12 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "lessons":
         from . import edition
 
-        for path in args.notebooks or lessons():
+        ran = args.notebooks or lessons()
+        for path in ran:
             started = time.perf_counter()
             print(f"{path}: running ...", flush=True)
             execute(path)
             print(f"{path}: done in {time.perf_counter() - started:.0f} s", flush=True)
-        for path in edition.translated():  # every lesson: a translation may be out of date
+        # the Arabic edition of each English lesson just run (an Arabic notebook named here
+        # was run itself, and keeps its own outputs)
+        for path in sorted(set(edition.translated()) & {p.resolve() for p in ran}):
             print(f"{path.name}: Arabic edition -> {edition.build(path)}", flush=True)
         return 0
     started = time.perf_counter()
