@@ -90,8 +90,8 @@ BOLD = {"lw": 2.2, "color": "black", "zorder": 3}  # the mean and the total, ove
 
 
 class Panel:
-    """One figure redrawn with new data: its axes, ticks and lines are made once and updated,
-    which takes a third less time than building the figure again for every redraw."""
+    """One figure redrawn with new data: its axes, ticks, lines and legend are made once and
+    updated, not built again for every redraw."""
 
     def __init__(self) -> None:
         from matplotlib.figure import Figure
@@ -320,7 +320,8 @@ class LiveView:
         try:
             self.update(run, final=True)
             if self.save_png:
+                panel = self._panel or Panel()  # the notebook's figure, if there is one
                 with open(self.save_png, "wb") as f:
-                    f.write(png(run, self._total(run)))
+                    f.write(panel.png(run, self._total(run)))
         finally:
             self.frontend.close()

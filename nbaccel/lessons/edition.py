@@ -136,7 +136,6 @@ def translate(english, sections: list[Section], name: str):
     for cell in arabic.cells:
         if "id" not in cell:
             cell.id = hashlib.sha1(f"ar/{name}/{cell.source}".encode()).hexdigest()[:8]
-    arabic.metadata["language_info"] = {"name": "python", "pygments_lexer": "ipython3"}
     return arabic
 
 

@@ -28,6 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LESSON = "04_accelerate.ipynb"
 LAUNCH_CELL = "two = notebook_launcher("  # the first launch: its live panel must move
 PROGRESS = re.compile(r"step (\d+)/(\d+)")  # the progress line: steps done of the total
+READ_CELL = """cell => [cell.querySelector('.jp-InputPrompt').textContent,
+                        cell.querySelector('.jp-OutputArea')?.innerText ?? '',
+                        Array.from(cell.querySelectorAll('.jp-OutputArea img')).map(i => i.src)]"""
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = ROOT / "artifacts" / "browser"
 RUN_TIMEOUT = 600  # s for the whole notebook, from Run All
@@ -174,11 +177,7 @@ def run_all_and_watch(page, url: str) -> dict:
     started = False
     deadline = clock + RUN_TIMEOUT
     while time.monotonic() < deadline:
-        prompt, text, images = launch.evaluate(
-            """cell => [cell.querySelector('.jp-InputPrompt').textContent,
-                        cell.querySelector('.jp-OutputArea')?.innerText ?? '',
-                        Array.from(cell.querySelectorAll('.jp-OutputArea img')).map(i => i.src)]"""
-        )
+        prompt, text, images = launch.evaluate(READ_CELL)
         running = "*" in prompt
         started = started or running
         if running:
@@ -203,10 +202,7 @@ def run_all_and_watch(page, url: str) -> dict:
         polling=500,
     )
     outputs = page.locator(".jp-OutputArea-output").all_inner_texts()
-    text, images = launch.evaluate(
-        """cell => [cell.querySelector('.jp-OutputArea')?.innerText ?? '',
-                    Array.from(cell.querySelectorAll('.jp-OutputArea img')).map(i => i.src)]"""
-    )
+    _, text, images = launch.evaluate(READ_CELL)
     count = PROGRESS.search(text)
     final = {
         "finished": bool(count) and count[1] == count[2],  # the progress line says 750/750
