@@ -257,6 +257,18 @@ def _isatty(stream) -> bool:
         return False
 
 
+_warm = False
+
+
+def _warm_up() -> None:
+    """Import matplotlib and load its fonts, once a process: a second, paid when the first
+    view is made rather than in its first panel."""
+    global _warm
+    if not _warm:
+        Panel().render()
+        _warm = True
+
+
 class LiveView:
     """Redraw a ``Run`` through a front end, throttled; ``close()`` draws the final state."""
 
@@ -275,10 +287,9 @@ class LiveView:
         self.first_panels = first_panels  # drawn once a second whatever they cost
         self._drawn = 0
         self._next_text = self._next_image = 0.0
-        self._panel: Panel | None = None
-        if self.frontend.draws:  # matplotlib's import and fonts take a second: pay it now,
-            self._panel = Panel()  # while the workers start, not in the first panel
-            self._panel.render()
+        self._panel: Panel | None = None  # made at the first panel: most launches log nothing
+        if self.frontend.draws:
+            _warm_up()  # while the workers start, not in the first panel
         self._seen = -1  # record count at the last panel, to skip redraws with nothing new
         self.closed = False
 
@@ -293,8 +304,9 @@ class LiveView:
             self.frontend.text(progress(run, total))
             self._next_text = now + self.text_interval
         fresh = len(run.records) != self._seen and _has_a_curve(run)
-        if self._panel and fresh and (final or now >= self._next_image):
+        if self.frontend.draws and fresh and (final or now >= self._next_image):
             started = time.perf_counter()
+            self._panel = self._panel or Panel()
             self.frontend.image(self._panel.png(run, total))
             spent = time.perf_counter() - started
             self._seen = len(run.records)
