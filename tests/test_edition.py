@@ -55,6 +55,8 @@ def test_the_arabic_text_is_up_to_date_and_right_to_left(english):
     assert markdown == [c.source for c in built.cells if c.cell_type == "markdown"], (
         "the committed Arabic notebook's Markdown is not its translation file's: run make lessons"
     )
+    # the same cell ids, build after build: a rebuild changes nothing that did not change
+    assert [c.id for c in committed.cells] == [c.id for c in built.cells]
     for source in markdown:
         assert source.startswith('<div dir="rtl">') and source.endswith("</div>")
         assert ARABIC_LETTER.search(source), f"not translated: {source[:200]}"

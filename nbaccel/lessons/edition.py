@@ -126,7 +126,9 @@ def translate(english, sections: list[Section], name: str):
         else:
             cell = copy.deepcopy(cell)
         cells.append(cell)
-        cells.extend(nbformat.v4.new_markdown_cell(right_to_left(t)) for t in extra.pop(index, []))
+        for text in extra.pop(index, []):
+            cells.append(nbformat.v4.new_markdown_cell(right_to_left(text)))
+            cells[-1].pop("id")  # nbformat's is random: the one below is the same every build
     problems += [f"cell {i} is not a Markdown cell of the English lesson" for i in by_cell]
     problems += [f"'after cell {i}': the English lesson has no cell {i}" for i in extra]
     if problems:
