@@ -57,6 +57,7 @@ def test_a_lesson_is_committed_executed_with_clean_metadata(path):
     assert counts == sorted(counts), "executed top to bottom, in one kernel"
     outputs = [o for c in cells for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
+    assert not [o for o in outputs if runner.WIDGET in o.get("data", {})], "a dead widget"
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert images, "the live view's panels should be in the committed notebook"
     assert all(base64.b64decode(o.data["image/png"])[:8] == PNG for o in images)

@@ -28,8 +28,12 @@ def lessons(folder: Path = NOTEBOOKS) -> list[Path]:
     return sorted(folder.glob("[0-9][0-9]_*.ipynb"))
 
 
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
 def clean(notebook) -> None:
-    """Keep what a reader needs (tags, hidden sources); drop timings and machine details."""
+    """Keep what a reader needs (tags, hidden sources); drop timings, machine details and
+    widget views (a widget lives in its kernel: saved, a reader sees an error or its repr)."""
     notebook.metadata = {
         "kernelspec": dict(KERNELSPEC),
         "language_info": {"name": "python", "pygments_lexer": "ipython3"},
@@ -38,6 +42,8 @@ def clean(notebook) -> None:
         cell.metadata.pop("execution", None)
         cell.metadata.pop("collapsed", None)
         cell.metadata.pop("scrolled", None)
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.outputs if WIDGET not in o.get("data", {})]
 
 
 def execute(source: Path, dest: Path | None = None, timeout: int = 600):

@@ -1,5 +1,6 @@
 """The live view in the real front ends: the flagship lesson run in JupyterLab and in
 Notebook 7, in Debian's Chromium driven by Playwright (no browser download: the system one).
+And the scaling lesson's what-if panel: its ipywidgets must render as widgets and redraw.
 
 Kernel-level tests prove the panel is sent; this proves a learner sees it move. Screenshots
 of the finished runs go to ``artifacts/browser/`` (ignored by git).
@@ -36,7 +37,7 @@ ARTIFACTS = ROOT / "artifacts" / "browser"
 RUN_TIMEOUT = 600  # s for the whole notebook, from Run All
 # ipywidgets shown as their text fallback instead of as widgets, or not at all
 WIDGET_TEXT = re.compile(
-    r"\b(HBox|VBox|IntProgress|FloatProgress|IntSlider|FloatSlider|Dropdown|Label|Button|Output)\("
+    r"\b(interactive|HBox|VBox|IntProgress|FloatProgress|IntSlider|FloatSlider|Dropdown|Label|Button|Output)\("
     r"|Error displaying widget|Loading widget\.\.\."
 )
 SETTINGS = {  # JupyterLab's user settings for the test's server
@@ -72,6 +73,7 @@ def server(tmp_path_factory):
         if cell["cell_type"] == "code":
             cell["outputs"], cell["execution_count"] = [], None
     (root / LESSON).write_text(json.dumps(notebook))
+    (root / WHATIF).write_text(json.dumps(whatif_notebook()))
     for name, value in SETTINGS.items():
         path = home / "settings" / f"{name}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -147,26 +149,34 @@ def browser():
             chromium.close()
 
 
+def run_all(page, started) -> None:
+    """Run > Run All Cells, until ``started()`` returns: the menu item stays disabled until the
+    kernel is connected."""
+    for _ in range(5):
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+        try:
+            started()
+            return
+        except Exception:
+            page.keyboard.press("Escape")  # close the menu if it is still open; try again
+    raise AssertionError("Run > Run All Cells did not start the notebook")
+
+
 def run_all_and_watch(page, url: str) -> dict:
     """Open the lesson, run every cell from the Run menu, and watch the first launch's panel
     while that cell runs. Returns what was seen."""
     page.goto(url)
     launch = page.locator(".jp-CodeCell", has_text=LAUNCH_CELL).first
     launch.wait_for(timeout=90_000)  # the notebook is rendered (a kernel starts meanwhile)
-    for _ in range(5):  # the menu item stays disabled until the kernel is connected
-        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-        try:
-            page.wait_for_function(
-                """() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))
-                             .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))""",
-                timeout=15_000,
-            )
-            break
-        except Exception:
-            page.keyboard.press("Escape")  # close the menu if it is still open; try again
-    else:
-        raise AssertionError("Run > Run All Cells did not start the notebook")
+    run_all(
+        page,
+        lambda: page.wait_for_function(
+            """() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))
+                         .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))""",
+            timeout=15_000,
+        ),
+    )
 
     # A queued cell shows [*] as a running one does, and its outputs were cleared: what shows
     # under the launch cell while it shows [*] was drawn while it ran. The progress line above
@@ -245,4 +255,65 @@ def test_the_live_panel_moves_in_the_browser(server, browser, front_end, path):
     errors = [text for text in seen["outputs"] if "Traceback (most recent call last)" in text]
     assert not errors, errors[0][-2000:]
     fallback = [text for text in seen["outputs"] if WIDGET_TEXT.search(text)]
+    assert not fallback, f"widgets shown as text: {fallback[0][:300]}"
+
+
+WHATIF = "whatif.ipynb"
+# Lesson 5's inputs, stood in for: its what-if cell needs section 3's and 5's measurements
+WHATIF_INPUTS = """from nbaccel import projection
+compute, grad_bytes, BATCH, measured = 0.003, 340_000, 32, {1: 10_000.0, 2: 15_000.0}
+here = projection.Interconnect("this machine (test)", 1e9, 200e-6, overlaps=False)"""
+
+
+def whatif_notebook() -> dict:
+    """Lesson 5's what-if cell, as it is in the lesson, after a cell of stand-in inputs."""
+    lesson = json.loads((ROOT / "notebooks" / "05_scaling_lab.ipynb").read_text())
+    (panel,) = [
+        "".join(c["source"])
+        for c in lesson["cells"]
+        if c["cell_type"] == "code" and "projection.whatif(" in "".join(c["source"])
+    ]
+    cells = [
+        {"cell_type": "code", "id": f"c{i}", "metadata": {}, "outputs": [], "source": source,
+         "execution_count": None}
+        for i, source in enumerate([WHATIF_INPUTS, panel])
+    ]  # fmt: skip
+    return {**lesson, "cells": cells}
+
+
+def panel_image(page) -> str:
+    return page.locator(".widget-output img").first.get_attribute("src", timeout=120_000)
+
+
+@pytest.mark.parametrize("front_end, path", FRONT_ENDS)
+def test_the_whatif_panel_is_a_widget_that_redraws(server, browser, front_end, path):
+    url, _ = server
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    try:
+        page.goto(f"{url}{path}/{WHATIF}")
+        page.locator(".jp-CodeCell").first.wait_for(timeout=90_000)
+        run_all(page, lambda: page.locator(".widget-dropdown select").wait_for(timeout=30_000))
+        first = panel_image(page)
+        for label in ("model size x", "compute faster x", "accumulation", "workers up to"):
+            assert page.locator(".widget-slider", has_text=label).count() == 1, label
+        page.locator(".widget-dropdown select").select_option("100 Gb Ethernet")
+        page.wait_for_function(
+            "src => document.querySelector('.widget-output img')?.src !== src",
+            arg=first,
+            timeout=60_000,
+        )
+        second = panel_image(page)
+        page.locator(".widget-checkbox input").click()  # overlap off: a third figure
+        page.wait_for_function(
+            "src => document.querySelector('.widget-output img')?.src !== src",
+            arg=second,
+            timeout=60_000,
+        )
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"{front_end}-whatif.png"))
+        outputs = page.locator(".jp-OutputArea-output").all_inner_texts()
+    finally:
+        page.close()
+    assert not [text for text in outputs if "Traceback (most recent call last)" in text]
+    fallback = [text for text in outputs if WIDGET_TEXT.search(text)]
     assert not fallback, f"widgets shown as text: {fallback[0][:300]}"
