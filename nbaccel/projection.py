@@ -399,7 +399,7 @@ def whatif(
         )
         show(fig)
 
-    slider = dict(continuous_update=False, style={"description_width": "8em"})
+    slider = dict(continuous_update=False, style={"description_width": "10em"})
     return w.interactive(
         redraw,
         link=w.Dropdown(options=list(links), description="interconnect", style=slider["style"]),
