@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 
 import pytest
 
@@ -155,6 +156,19 @@ def test_without_a_notebook_the_whatif_panel_is_one_static_figure(monkeypatch):
     assert whatif(0.02, 4e6, 32, loopback=Interconnect("loopback", 1e9, 100e-6)) is None
     (links,) = [a[3] for a in drawn]
     assert [link.name for link in links] == ["loopback", *PRESETS]
+
+
+def test_without_ipywidgets_the_whatif_panel_is_one_static_figure(monkeypatch):
+    import nbaccel.env
+    import nbaccel.projection as projection
+
+    drawn = []
+    real = projection.figure
+    monkeypatch.setattr(projection, "figure", lambda *a: drawn.append(a) or real(*a))
+    monkeypatch.setattr(nbaccel.env, "in_notebook", lambda: True)
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets: ImportError
+    assert whatif(0.02, 4e6, 32) is None
+    assert [[link.name for link in a[3]] for a in drawn] == [list(PRESETS)]
 
 
 def test_a_link_that_cannot_overlap_is_charged_the_whole_allreduce():
