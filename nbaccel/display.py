@@ -17,6 +17,7 @@ rebuilt. This module imports no torch.
 from __future__ import annotations
 
 import bisect
+import functools
 import io
 import sys
 import time
@@ -86,6 +87,15 @@ def png(run: Run, total_steps: int | None = None) -> bytes:
     return Panel().png(run, total_steps)
 
 
+def to_png(fig) -> bytes:
+    """A matplotlib ``Figure`` as PNG bytes, through Agg (no pyplot, so no backend state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    buffer = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buffer)
+    return buffer.getvalue()
+
+
 BOLD = {"lw": 2.2, "color": "black", "zorder": 3}  # the mean and the total, over the ranks
 
 
@@ -129,11 +139,7 @@ class Panel:
 
     def render(self) -> bytes:
         """The figure as it stands, as PNG bytes."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-        buffer = io.BytesIO()
-        FigureCanvasAgg(self.fig).print_png(buffer)
-        return buffer.getvalue()
+        return to_png(self.fig)
 
     def _line(self, ax, label: str, data: tuple[list, list], **style) -> None:
         line = self._lines.get((ax, label))
@@ -257,16 +263,11 @@ def _isatty(stream) -> bool:
         return False
 
 
-_warm = False
-
-
+@functools.cache
 def _warm_up() -> None:
     """Import matplotlib and load its fonts, once a process: a second, paid when the first
     view is made rather than in its first panel."""
-    global _warm
-    if not _warm:
-        Panel().render()
-        _warm = True
+    Panel().render()
 
 
 class LiveView:

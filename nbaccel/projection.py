@@ -360,20 +360,15 @@ def whatif(
     machine's, say). Measured points belong to the model as measured: they are drawn at size
     x1 and speed x1 only. Without ipywidgets, or outside a notebook, it shows the static
     figure for every link and returns ``None``."""
-    import io
-
     from IPython.display import Image, display
 
+    from .display import to_png
     from .env import in_notebook
 
     links = {**({loopback.name: loopback} if loopback else {}), **PRESETS}
 
     def show(fig) -> None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-        buffer = io.BytesIO()
-        FigureCanvasAgg(fig).print_png(buffer)
-        display(Image(buffer.getvalue()))
+        display(Image(to_png(fig)))
 
     try:
         import ipywidgets as w

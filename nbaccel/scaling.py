@@ -12,7 +12,6 @@ efficiency says more about the machine than about DDP.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,11 +114,9 @@ class Scaling:
         display(Image(self._repr_png_()))
 
     def _repr_png_(self) -> bytes:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from .display import to_png
 
-        buffer = io.BytesIO()
-        FigureCanvasAgg(self.figure()).print_png(buffer)
-        return buffer.getvalue()
+        return to_png(self.figure())
 
 
 def measure_scaling(
