@@ -31,7 +31,8 @@ Latencies are orders of magnitude for one step of a library's ring all-reduce, s
 included (NCCL's small-message latency inside an NVLink node is about 5-10 us end to end; a
 switch hop of NDR InfiniBand about 1 us, Ethernet with TCP tens of us), not datasheet figures:
 they matter only for small gradients and many workers. "This machine's loopback" is measured,
-never a preset (``Interconnect.measured``).
+never a preset (``Interconnect.measured`` from two all-reduces, ``Interconnect.fit`` from
+several).
 """
 
 from __future__ import annotations

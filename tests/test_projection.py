@@ -92,10 +92,10 @@ def test_the_projection_for_two_cpu_workers_is_within_35_percent_of_the_measured
     fifth of the step or more here, so communication matters). The loopback link is measured
     from the two all-reduces; the no-overlap projection must then match the DDP step within 35%.
 
-    Measured here (2 cores, shared): -5% to -22%, alone and beside a CPU hog
-    (benchmarks/results/projection-cpu.md); the model leaves out DDP's own work (hooks, copies
-    into buckets), so it errs low. Overlap is not credited on a CPU: gloo's all-reduce runs on
-    the cores the backward pass uses (the overlap projection erred -27% to -48% here)."""
+    Recorded here (2 cores, shared; benchmarks/results/projection-cpu.md): -7% to -20% over
+    three widths; the model leaves out DDP's own work (hooks, copies into buckets), so it errs
+    low. Overlap is not credited on a CPU: gloo's all-reduce runs on the cores the backward pass
+    uses (the overlap projection erred -31% to -44% there)."""
     from nbaccel.projection import calibrate
 
     calibration = calibrate(hidden=1024, timeout=300)
