@@ -8,10 +8,10 @@
   last panel as an ``image/png`` output.
 * ``ConsoleFrontend``: a throttled one-line progress on stderr (scripts, ``nbaccel launch``, CI).
 
-Tests inject their own front end. Redraws are throttled: text about five times a second, the
-panel at most once a second; after the first three panels, less often when drawing it is slow,
-so that drawing costs the training at most 1% of a core. One figure is kept and updated, not
-rebuilt. This module imports no torch.
+Tests inject their own front end and clock. Redraws are throttled: text about five times a
+second, the panel at most once a second; after the first three panels, less often when drawing
+it is slow, so that drawing costs the training at most 1% of a core. One figure is kept and
+updated, not rebuilt. This module imports no torch.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import functools
 import io
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from .env import in_notebook
@@ -41,10 +42,11 @@ def loss_name(run: Run) -> str | None:
     return next((n for n in names if "loss" in n.lower()), names[0] if names else None)
 
 
-def progress(run: Run, total_steps: int | None = None) -> str:
+def progress(run: Run, total_steps: int | None = None, now: float | None = None) -> str:
     """``step 120/400 | 2 ranks | 1,830 samples/s | 35 ms/step | loss 0.412 | 12 s, ETA 30 s``.
 
-    Reads only each rank's latest records, so it costs the same however long the run is.
+    Reads only each rank's latest records, so it costs the same however long the run is. The
+    clock of a run still going reads ``now`` (default: the wall clock, as the records do).
     """
     parts = []
     name = loss_name(run)
@@ -67,7 +69,7 @@ def progress(run: Run, total_steps: int | None = None) -> str:
     memory = run.latest(MEMORY)
     if memory:
         parts.append(f"max {max(memory.values()):,.0f} MB")
-    elapsed = (run.finished or time.time()) - run.started
+    elapsed = (run.finished or (time.time() if now is None else now)) - run.started
     clock = f"{elapsed:.0f} s"
     if total_steps and step and not run.finished:
         clock += f", ETA {elapsed / step * max(total_steps - step, 0):.0f} s"
@@ -75,16 +77,16 @@ def progress(run: Run, total_steps: int | None = None) -> str:
     return " | ".join(parts)
 
 
-def figure(run: Run, total_steps: int | None = None):
+def figure(run: Run, total_steps: int | None = None, now: float | None = None):
     """The panel as a matplotlib ``Figure``: loss per rank (faint) and mean (bold) against step;
     samples/s per rank and in total against time."""
     panel = Panel()
-    panel.update(run, total_steps)
+    panel.update(run, total_steps, now)
     return panel.fig
 
 
-def png(run: Run, total_steps: int | None = None) -> bytes:
-    return Panel().png(run, total_steps)
+def png(run: Run, total_steps: int | None = None, now: float | None = None) -> bytes:
+    return Panel().png(run, total_steps, now)
 
 
 def to_png(fig) -> bytes:
@@ -114,7 +116,7 @@ class Panel:
         self.title = self.fig.suptitle("", fontsize=10)
         self._lines: dict[tuple[Any, str], Any] = {}
 
-    def update(self, run: Run, total_steps: int | None = None) -> None:
+    def update(self, run: Run, total_steps: int | None = None, now: float | None = None) -> None:
         name = loss_name(run)
         if name:
             for rank, (steps, values) in sorted(run.series(name).items()):
@@ -131,10 +133,10 @@ class Panel:
             ax.relim()
             ax.autoscale_view()
         self.speed_ax.set_ylim(bottom=0)
-        self.title.set_text(progress(run, total_steps))
+        self.title.set_text(progress(run, total_steps, now))
 
-    def png(self, run: Run, total_steps: int | None = None) -> bytes:
-        self.update(run, total_steps)
+    def png(self, run: Run, total_steps: int | None = None, now: float | None = None) -> bytes:
+        self.update(run, total_steps, now)
         return self.render()
 
     def render(self) -> bytes:
@@ -226,8 +228,15 @@ class ConsoleFrontend:
 
     draws = False
 
-    def __init__(self, stream=None, tty: bool | None = None, log_interval: float = 10.0) -> None:
+    def __init__(
+        self,
+        stream=None,
+        tty: bool | None = None,
+        log_interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.stream = stream or sys.stderr
+        self.clock = clock
         self.tty = _isatty(self.stream) if tty is None else tty
         self.log_interval = log_interval
         self._width = 0
@@ -239,9 +248,9 @@ class ConsoleFrontend:
         if self.tty:
             self.stream.write("\r" + line.ljust(self._width))
             self._width = len(line)
-        elif time.monotonic() >= self._next_log:
+        elif self.clock() >= self._next_log:
             self.stream.write(line + "\n")
-            self._next_log = time.monotonic() + self.log_interval
+            self._next_log = self.clock() + self.log_interval
             self._last = ""
         self.stream.flush()
 
@@ -281,11 +290,13 @@ class LiveView:
         text_interval: float = 0.2,
         image_interval: float = 1.0,
         first_panels: int = 3,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.frontend = frontend or (NotebookFrontend() if in_notebook() else ConsoleFrontend())
         self.total_steps, self.save_png = total_steps, save_png
         self.text_interval, self.image_interval = text_interval, image_interval
         self.first_panels = first_panels  # drawn once a second whatever they cost
+        self.clock = clock  # of the throttle and of a panel's cost; tests pass their own
         self._drawn = 0
         self._next_text = self._next_image = 0.0
         self._panel: Panel | None = None  # made at the first panel: most launches log nothing
@@ -297,7 +308,7 @@ class LiveView:
     def update(self, run: Run, final: bool = False) -> None:
         if not run.records:
             return  # nothing logged or counted yet: show nothing rather than an empty panel
-        now = time.monotonic()
+        now = self.clock()
         if not self._next_image:  # the first panel after a second of data, not at once
             self._next_image = now + self.image_interval
         total = self._total(run)
@@ -306,10 +317,10 @@ class LiveView:
             self._next_text = now + self.text_interval
         fresh = len(run.records) != self._seen and _has_a_curve(run)
         if self.frontend.draws and fresh and (final or now >= self._next_image):
-            started = time.perf_counter()
+            started = self.clock()
             self._panel = self._panel or Panel()
             self.frontend.image(self._panel.png(run, total))
-            spent = time.perf_counter() - started
+            spent = self.clock() - started
             self._seen = len(run.records)
             self._drawn += 1
             # Never more than once a second. After the first few panels (so that even a short

@@ -11,16 +11,35 @@ from nbaccel.display import ConsoleFrontend, LiveView, Panel, figure, png, progr
 from nbaccel.metrics import SAMPLES, STEPS, Record, Run
 
 
+class Clock:
+    """A clock that moves only when told: no verdict here depends on the machine's speed.
+    Steps are binary fractions, so sums of them are exact."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Recorder:
+    """A front end that keeps what it was given; a panel "costs" ``draw_cost`` seconds of the
+    injected clock, as drawing would cost the real one."""
+
     draws = True
 
-    def __init__(self):
+    def __init__(self, clock: Clock | None = None, draw_cost: float = 0.0):
         self.texts, self.images, self.closed = [], [], False
+        self.clock, self.draw_cost = clock, draw_cost
+        self.drawn_at: list[float] = []
 
     def text(self, line):
         self.texts.append(line)
 
     def image(self, png):
+        if self.clock:
+            self.drawn_at.append(self.clock.now)
+            self.clock.now += self.draw_cost
         self.images.append(png)
 
     def close(self):
@@ -43,45 +62,53 @@ def a_run(steps: int = 20, ranks: int = 2, start: float | None = None) -> Run:
     return run
 
 
-def feed(view: LiveView, run: Run, seconds: float) -> float:
-    """Add a record and update the view every 5 ms for ``seconds``; return the time taken."""
-    started = time.monotonic()
-    while time.monotonic() - started < seconds:
-        run.add([Record(0, len(run.records), time.time(), "loss", 0.5)])
+TICK = 2**-7  # about 8 ms of the injected clock between two updates
+
+
+def feed(view: LiveView, run: Run, clock: Clock, seconds: float) -> None:
+    """Add a record and update the view every ``TICK`` of ``clock``, for ``seconds`` of it."""
+    end = clock.now + seconds
+    while clock.now < end:
+        run.add([Record(0, len(run.records), 1e9 + clock.now, "loss", 0.5)])
         view.update(run)
-        time.sleep(0.005)
-    return time.monotonic() - started
+        clock.now += TICK
 
 
-def test_the_progress_line_is_throttled_to_five_a_second():
+def test_the_progress_line_is_throttled_to_four_a_second():
+    clock = Clock()
     front = Recorder()
     front.draws = False
-    view = LiveView(front, text_interval=0.2)
-    elapsed = feed(view, a_run(steps=1), 1.5)
-    assert 3 <= len(front.texts) <= elapsed / 0.2 + 1  # not one per update (~300 of them)
+    view = LiveView(front, text_interval=0.25, clock=clock)
+    feed(view, a_run(steps=1), clock, 1.5)  # 192 updates
+    assert len(front.texts) == 6  # at 0, 0.25, ..., 1.25 s: not one per update
 
 
 def test_the_panel_is_throttled_and_the_end_is_always_drawn():
-    front = Recorder()
-    view = LiveView(front, image_interval=0.25, first_panels=3)  # matplotlib loaded here
+    clock = Clock()
+    front = Recorder(clock, draw_cost=0.125)  # a panel takes 0.1-0.3 s of a core here
+    view = LiveView(front, image_interval=0.25, first_panels=3, clock=clock)
     run = a_run(steps=1)
-    feed(view, run, 4.0)
-    # three panels at the plain interval; then none for 100 times a panel's drawing time
-    # (about 20 s: a panel takes 0.1-0.3 s), so that drawing costs 1% of a core at most
-    assert len(front.images) == 3
+    feed(view, run, clock, 20.0)
+    # the first panel after a second's worth of data (here 0.25 s), the next two at the plain
+    # interval from the start of the one before; then none for 100 times a panel's drawing
+    # time (12.5 s), so that drawing costs at most 1% of a core
+    start = 1000.0
+    assert front.drawn_at == [start + 0.25, start + 0.5, start + 0.75, start + 0.75 + 12.625]
     view.close(run)
-    assert len(front.images) == 4 and front.closed  # the final state, once more
+    assert len(front.images) == 5 and front.closed  # the final state, once more
     assert front.images[-1][:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_panel_redrawn_as_the_run_grows_equals_one_drawn_afresh():
-    records = a_run(steps=300).records
+    records = a_run(steps=300, start=5000.0).records
     panel = Panel()
     for cut in (10, 120, 250, len(records)):  # more steps, a wider time axis, new limits
         run = Run(world_size=2, started=records[0].time)
         run.add(records[:cut])
-        redrawn = panel.png(run)
-    assert redrawn == png(run)  # the same bytes as a figure built from the final records
+        now = records[cut - 1].time + 0.5  # the title's clock, as the live view would read it
+        redrawn = panel.png(run, now=now)
+    assert redrawn == png(run, now=now)  # the same bytes as a figure built from the final records
+    assert redrawn != png(run, now=now + 1)  # and the title's clock is part of them
 
 
 def test_a_rank_heard_late_takes_its_place_in_the_legend():
@@ -118,10 +145,10 @@ def test_the_panel_plots_each_rank_faint_and_the_mean_bold():
 
 
 def test_progress_reads_like_a_sentence():
-    run = a_run(steps=20)
-    line = progress(run, total_steps=40)
+    run = a_run(steps=20, start=5000.0)
+    line = progress(run, total_steps=40, now=5002.0)
     assert line.startswith("step 19/40 | 2 ranks | 640 samples/s | 100 ms/step | loss ")
-    assert "ETA" in line
+    assert line.endswith(" | 2 s, ETA 2 s")  # 19 steps in 2 s, 21 to go
 
 
 def test_a_terminal_gets_one_line_rewritten_then_ended():
@@ -135,10 +162,13 @@ def test_a_terminal_gets_one_line_rewritten_then_ended():
 
 def test_a_log_gets_plain_lines_now_and_then_and_the_final_state():
     stream = io.StringIO()
-    view = LiveView(ConsoleFrontend(stream, tty=False, log_interval=60), text_interval=0)
+    clock = Clock()
+    front = ConsoleFrontend(stream, tty=False, log_interval=60, clock=clock)
+    view = LiveView(front, text_interval=0, clock=clock)
     run = a_run(steps=3)
     for _ in range(20):
         view.update(run)
+        clock.now += 1
     run.add([Record(0, 3, time.time(), "loss", 0.125)])
     view.close(run)
     lines = stream.getvalue().splitlines()
