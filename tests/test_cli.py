@@ -32,7 +32,7 @@ from nbaccel.env import find_free_port
 from nbaccel.errors import NbaccelError
 
 TIMEOUT = 180
-NBACCEL = [sys.executable, "-m", "nbaccel.cli"]
+NBACCEL = [sys.executable, "-m", "nbaccel"]  # as the lessons call it: no PATH needed
 
 ALL_REDUCE = """
 import sys
@@ -238,6 +238,24 @@ def test_the_console_script_exists_and_rejects_bad_input(config):
     assert "nbaccel launch: error: argument --mixed-precision: invalid choice: 'fp32'" in (
         done.stderr
     )
+
+
+BARE_PATH = "/usr/bin:/bin"  # what a kernel registered from a venv has: not the venv's bin
+
+
+@pytest.mark.parametrize("args", [["--help"], ["env"], ["config", "show"]], ids=" ".join)
+def test_python_m_nbaccel_works_with_a_bare_path(config, args):
+    env = {**os.environ, "NBACCEL_CONFIG": str(config), "PATH": BARE_PATH}
+    done = subprocess.run(
+        [sys.executable, "-m", "nbaccel", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    expected = {"--help": "usage: nbaccel", "env": "- torch: ", "config": "num_processes"}
+    assert expected[args[0]] in done.stdout
 
 
 def test_more_processes_than_gpus_says_use_fewer_or_cpu():
