@@ -4,8 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 STAMP  := $(VENV)/.installed
-# As if the venv were activated: the lessons' `!nbaccel ...` cells find the command.
-export PATH := $(CURDIR)/$(BIN):$(PATH)
+# Nothing here puts $(BIN) on PATH: the lessons and tests run as a kernel registered from the
+# venv does, and call commands through the interpreter (`!{sys.executable} -m nbaccel ...`).
 
 .PHONY: demo lessons lab test lint bench clean chromium
 

@@ -128,14 +128,35 @@ def _environment_kept() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _own_tools_on_path() -> Iterator[None]:
+    """Put this interpreter's bin first on PATH inside the block, then restore PATH.
+
+    DeepSpeed loads its C++ op through torch, which runs ``ninja`` from PATH even when the op
+    is cached. ninja is a pip package installed beside this interpreter, but a Jupyter kernel
+    registered from a virtual environment runs without that environment's bin on PATH.
+    """
+    before = os.environ.get("PATH")
+    own = os.path.dirname(sys.executable)
+    os.environ["PATH"] = os.pathsep.join([own, *([before] if before else [])])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = before
+
+
+@contextlib.contextmanager
 def quiet_start() -> Iterator[None]:
     """Run DeepSpeed's start-up with its probe noise removed from stdout and stderr, at the
-    file-descriptor level (the compiler it probes with runs as a child process), and without
-    the environment variables it leaves behind."""
+    file-descriptor level (the compiler it probes with runs as a child process), with this
+    environment's tools on PATH, and without the environment variables it leaves behind."""
     sys.stdout.flush()
     sys.stderr.flush()
     with contextlib.ExitStack() as stack:
         stack.enter_context(_environment_kept())
+        stack.enter_context(_own_tools_on_path())
         captured = {fd: stack.enter_context(tempfile.TemporaryFile()) for fd in (1, 2)}
         saved = {fd: os.dup(fd) for fd in (1, 2)}
         try:
@@ -388,7 +409,8 @@ def build_ops() -> None:
 
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
     if builder is not None:
-        builder.load(verbose=False)
+        with _own_tools_on_path():
+            builder.load(verbose=False)
         print(f"nbaccel: DeepSpeed's {builder.absolute_name()} op is built and cached")
 
 

@@ -4,10 +4,36 @@ them."""
 from __future__ import annotations
 
 import os
+import sys
 
 import psutil
 import pytest
 import torch.distributed as dist
+
+# The suite runs as a Jupyter kernel registered from a virtual environment runs (JupyterHub, VS
+# Code, `python -m ipykernel install`): that environment's bin is not on PATH. So the lessons
+# (under nbval), the workers and the CLI tests prove they need nothing from PATH, even when the
+# tests are started from an activated environment or by `make`.
+ENV_BIN = os.path.dirname(sys.executable) if sys.prefix != sys.base_prefix else None
+_PATH = pytest.StashKey[str | None]()  # PATH as pytest found it, put back at the end
+
+
+def without_env_bin(path: str) -> str:
+    same = os.path.realpath(ENV_BIN) if ENV_BIN else None
+    return os.pathsep.join(p for p in path.split(os.pathsep) if p and os.path.realpath(p) != same)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_PATH] = os.environ.get("PATH")
+    os.environ["PATH"] = without_env_bin(os.environ.get("PATH", os.defpath))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = config.stash.get(_PATH, None)
+    if path is None:
+        os.environ.pop("PATH", None)
+    else:
+        os.environ["PATH"] = path
 
 
 @pytest.fixture(autouse=True)

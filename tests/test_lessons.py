@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import base64
+import os
+import re
+import shutil
+import sys
 
 import nbformat
 import pytest
@@ -107,3 +111,29 @@ def test_demo_writes_the_executed_flagship_and_its_final_panel(tmp_path, monkeyp
     assert panel.read_bytes()[:8] == PNG
     assert (tmp_path / "results" / runner.FLAGSHIP).exists()
     assert str(panel) in capsys.readouterr().out
+
+
+def test_the_suite_and_the_lessons_kernel_run_without_the_environments_bin_on_path():
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("not in a virtual environment: its bin is the system's, and stays on PATH")
+    env_bin = os.path.dirname(sys.executable)  # conftest.py took it off PATH
+    path = [os.path.realpath(p) for p in os.environ["PATH"].split(os.pathsep) if p]
+    assert os.path.realpath(env_bin) not in path  # so nbval's kernel (a child) lacks it too
+    assert shutil.which("nbaccel") != os.path.join(env_bin, "nbaccel")
+
+
+SHELL = re.compile(r"^\s*(!|%%?(sx|system|bash|sh|script)\b)")
+
+
+@pytest.mark.parametrize(
+    "path",
+    LESSONS + runner.lessons(runner.NOTEBOOKS / "ar"),
+    ids=lambda p: str(p.relative_to(runner.NOTEBOOKS)),
+)
+def test_every_shell_command_in_a_lesson_runs_through_the_kernels_python(path):
+    """``!nbaccel ...`` needs the environment's bin on PATH, which a registered kernel lacks
+    (and then silently runs nothing); ``!{sys.executable} -m nbaccel ...`` does not."""
+    notebook = nbformat.read(path, as_version=4)
+    lines = [line for c in code(notebook) for line in c.source.splitlines() if SHELL.match(line)]
+    bad = [line for line in lines if not line.strip().startswith("!{sys.executable} -m ")]
+    assert not bad, f"call these through the kernel's interpreter: {bad}"

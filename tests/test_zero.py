@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ from nbaccel import (
     DeepSpeedPlugin,
     notebook_launcher,
     set_seed,
+    zero,
 )
 from nbaccel.config import LaunchConfig, resolve_sharding
 from nbaccel.zero import build_config
@@ -308,3 +310,13 @@ def test_fp16_loss_scaling_on_gpu_with_nccl():
     for first, last, backend in results:
         assert last < first / 2, (first, last)
         assert backend == ("nccl" if len(results) > 1 else backend)
+
+
+def test_deepspeeds_start_up_finds_the_tools_of_this_environment(monkeypatch, tmp_path):
+    """DeepSpeed runs ``ninja`` from PATH to load its op; a kernel registered from a venv does
+    not have the venv's bin (where pip put ninja) on PATH."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing there
+    with zero._own_tools_on_path():
+        found = shutil.which("ninja")
+    assert found == os.path.join(os.path.dirname(sys.executable), "ninja")
+    assert os.environ["PATH"] == str(tmp_path) and shutil.which("ninja") is None

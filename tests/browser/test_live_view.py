@@ -84,7 +84,6 @@ def server(tmp_path_factory):
         "JUPYTER_CONFIG_DIR": str(home / "config"),
         "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
         "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     command = [
         sys.executable,
