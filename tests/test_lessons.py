@@ -137,3 +137,13 @@ def test_every_shell_command_in_a_lesson_runs_through_the_kernels_python(path):
     lines = [line for c in code(notebook) for line in c.source.splitlines() if SHELL.match(line)]
     bad = [line for line in lines if not line.strip().startswith("!{sys.executable} -m ")]
     assert not bad, f"call these through the kernel's interpreter: {bad}"
+
+
+def test_needs_says_in_one_line_what_is_skipped_and_how_to_install_it(capsys):
+    from nbaccel.lessons import needs
+
+    assert needs("torch", "nothing") is True and capsys.readouterr().out == ""
+    assert needs("no_such_module_here", "section 9", package="no-such-package") is False
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("Skipped: section 9, which needs no-such-package, not installed")
+    assert f"!{sys.executable} -m pip install no-such-package" in line  # this kernel's Python

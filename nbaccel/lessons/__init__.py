@@ -2,7 +2,7 @@
 
 from .data import load_digits, make_spirals
 from .models import MLP
-from .tools import AllReduceCounter, accuracy, gradient_bytes, machine
+from .tools import AllReduceCounter, accuracy, gradient_bytes, machine, needs
 
 __all__ = [
     "MLP",
@@ -12,4 +12,5 @@ __all__ = [
     "load_digits",
     "machine",
     "make_spirals",
+    "needs",
 ]

@@ -1,7 +1,11 @@
-"""Small measuring tools the lessons share: accuracy, parameter bytes, all-reduce counts, and
-each rank's bytes of model state under DDP, FSDP2 and DeepSpeed."""
+"""Small measuring tools the lessons share: accuracy, parameter bytes, all-reduce counts,
+each rank's bytes of model state under DDP, FSDP2 and DeepSpeed, and a check for an optional
+package that a section needs."""
 
 from __future__ import annotations
+
+import importlib.util
+import sys
 
 import torch
 from torch.utils.data import Dataset
@@ -124,3 +128,20 @@ def machine() -> str:
         with open("/proc/cpuinfo") as f:
             model = next((ln.split(":", 1)[1].strip() for ln in f if "model name" in ln), model)
     return f"CPU: {model}, {usable_cores()} cores (torch {torch.__version__})"
+
+
+def needs(module: str, skipped: str, package: str | None = None) -> bool:
+    """True when ``module`` is installed here. Otherwise print one line that says what is
+    skipped and how to install ``package`` (default: the module's name) into this kernel's own
+    environment, whatever PATH says; the lesson then runs the rest and adapts its checks.
+
+    >>> needs("torch", "nothing")
+    True
+    """
+    if importlib.util.find_spec(module) is not None:
+        return True
+    print(
+        f"Skipped: {skipped}, which needs {package or module}, not installed here. To run it: "
+        f"!{sys.executable} -m pip install {package or module}, then restart the kernel."
+    )
+    return False
