@@ -46,9 +46,12 @@ def clean(notebook) -> None:
             cell.outputs = [o for o in cell.outputs if WIDGET not in o.get("data", {})]
 
 
-def execute(source: Path, dest: Path | None = None, timeout: int = 600):
-    """Run every cell of ``source`` in a fresh python3 kernel; write the result to ``dest``
-    (default: in place). Raises nbclient's CellExecutionError naming the failing cell."""
+def execute(
+    source: Path, dest: Path | None = None, timeout: int = 600, kernel_name: str = "python3"
+):
+    """Run every cell of ``source`` in a fresh kernel (default: python3, this interpreter);
+    write the result to ``dest`` (default: in place). Raises nbclient's CellExecutionError
+    naming the failing cell."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -56,7 +59,7 @@ def execute(source: Path, dest: Path | None = None, timeout: int = 600):
     client = NotebookClient(
         notebook,
         timeout=timeout,
-        kernel_name="python3",
+        kernel_name=kernel_name,
         resources={"metadata": {"path": str(source.parent)}},
     )
     client.execute()
