@@ -110,8 +110,9 @@ No-overlap errors per repeat: {spread}.
 The model errs low: it leaves out DDP's own work per step (autograd hooks, copying gradients
 into buckets and back). Crediting overlap errs further, since on a CPU gloo's all-reduce runs
 on the cores the backward pass needs; on GPUs NCCL runs on its own stream and DDP's buckets do
-overlap, which is why the model's `overlap` defaults to on. The unit test holds the no-overlap
-projection to 35% of the measured step at hidden 1024.
+overlap, which is why the model's `overlap` defaults to on. tests/test_projection.py holds the
+no-overlap projection of these medians to 35% of the measured step, at each width; a test
+re-measures nothing, since timings on a shared 2-core machine move by tens of percent.
 CPU figures only; no GPU was available to this run.
 """
 

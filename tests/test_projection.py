@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 
-from nbaccel.projection import PRESETS, Interconnect, curve, figure, project, whatif
+from nbaccel.projection import (
+    PRESETS,
+    Calibration,
+    Interconnect,
+    calibrate,
+    curve,
+    figure,
+    project,
+    whatif,
+)
 
 LINK = Interconnect("test link", bandwidth=10e9, latency=10e-6)
 
@@ -85,25 +96,54 @@ def test_bad_input_says_what_was_wrong():
         Interconnect.measured(1e-4, 1e-2, 1e6, workers=1)
 
 
-@pytest.mark.multiprocess
-def test_the_projection_for_two_cpu_workers_is_within_35_percent_of_the_measured_step():
-    """Calibration: 2 gloo workers on this machine time, interleaved, a step of the model alone
-    (the compute), a DDP step and all-reduces of 4 bytes and of the gradients' size (17 MB, a
-    fifth of the step or more here, so communication matters). The loopback link is measured
-    from the two all-reduces; the no-overlap projection must then match the DDP step within 35%.
+RECORDED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "projection-cpu.json"
 
-    Recorded here (2 cores, shared; benchmarks/results/projection-cpu.md): -7% to -20% over
-    three widths; the model leaves out DDP's own work (hooks, copies into buckets), so it errs
-    low. Overlap is not credited on a CPU: gloo's all-reduce runs on the cores the backward pass
-    uses (the overlap projection erred -31% to -44% there)."""
-    from nbaccel.projection import calibrate
 
-    calibration = calibrate(hidden=1024, timeout=300)
-    print(calibration)
+def recorded_calibrations() -> dict[str, Calibration]:
+    """The calibrations ``benchmarks/projection.py`` measured and committed, per model width."""
+    recorded = json.loads(RECORDED.read_text())
+    calibrations = {}
+    for width, r in recorded["widths"].items():
+        nbytes = round(r["gradient_mb"] * 1e6)
+        link = Interconnect.measured(r["allreduce_small"], r["allreduce_large"], nbytes, 2)
+        fields = ("compute", "ddp", "allreduce_small", "allreduce_large")
+        calibrations[width] = Calibration(
+            **{k: r[k] for k in fields}, gradient_bytes=nbytes, batch_size=32, workers=2, link=link
+        )
+    return calibrations
+
+
+@pytest.mark.parametrize("width", ["512", "1024", "2048"])
+def test_the_projection_of_the_recorded_two_worker_steps_is_within_35_percent(width):
+    """The model against what 2 gloo workers measured on this machine (committed by
+    benchmarks/projection.py, with the load it ran under): a step of the model alone (the
+    compute), a DDP step, and all-reduces of 4 bytes and of the gradients' size, from which
+    the loopback link is measured. The no-overlap projection must match the DDP step within
+    35%; it errs low (-8% to -17% on the recorded medians), since it leaves out DDP's own work
+    (hooks, copies into buckets). Overlap is not credited on a CPU: gloo's all-reduce runs on the
+    cores the backward pass uses (the overlap projection erred about -41% there).
+
+    The measurement itself is timing, so it is checked by the benchmark, never here: on a
+    loaded 2-core box its error moves by tens of percent."""
+    calibration = recorded_calibrations()[width]  # the medians of 3 repeats, each measured
     share = calibration.allreduce_large / calibration.ddp
     assert share > 0.1, f"the all-reduce is only {share:.0%} of the step: too small to check"
     error = calibration.error(overlap=False)
     assert abs(error) < 0.35, f"projection {error:+.0%} off the measured DDP step"
+
+
+@pytest.mark.multiprocess
+def test_calibrate_measures_two_workers_and_their_link():
+    """calibrate() on 2 real workers: what it returns, not how fast it was (see above)."""
+    calibration = calibrate(hidden=1024, timeout=300)
+    print(calibration)
+    assert calibration.workers == 2 and calibration.batch_size == 32
+    assert calibration.gradient_bytes == 4 * (4 * 1024 * 1024 + 4 * 1024)  # 4 square layers
+    times = [calibration.compute, calibration.ddp, calibration.allreduce_small]
+    assert all(math.isfinite(t) and t > 0 for t in [*times, calibration.allreduce_large])
+    link = calibration.link  # 17 MB take milliseconds where 4 bytes take microseconds
+    assert link.bandwidth > 0 and link.latency > 0 and link.source == "measured"
+    assert math.isfinite(calibration.error(overlap=False))
 
 
 def test_the_figure_labels_every_curve_a_projection_and_the_measurements_as_such():
