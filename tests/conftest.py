@@ -65,6 +65,11 @@ def _is_long_lived_helper(process: psutil.Process) -> bool:
     and nbaccel's fork server (one per launching process). Their workers are not exempt."""
     try:
         command = " ".join(process.cmdline())
+        parent = process.parent()
+        parents_command = " ".join(parent.cmdline()) if parent else ""
     except psutil.NoSuchProcess:
         return False
-    return "multiprocessing.resource_tracker" in command or "-m nbaccel.forkserver" in command
+    server = "-m nbaccel.forkserver"  # a worker is forked from it: same command line
+    return "multiprocessing.resource_tracker" in command or (
+        server in command and server not in parents_command
+    )

@@ -62,9 +62,11 @@ class Kernel:
         raise AssertionError("the cell never finished")
 
     def workers(self) -> list[psutil.Process]:
-        """Every process below the kernel except the fork server itself."""
+        """Every process below the kernel except the fork server itself. (A worker is forked
+        from the server, so its command line is the server's: tell them apart by parent.)"""
+        servers = {p.pid for p in self.servers()}
         kernel = psutil.Process(self.pid)
-        return [p for p in kernel.children(recursive=True) if not _is_server(p)]
+        return [p for p in kernel.children(recursive=True) if p.pid not in servers]
 
     def servers(self) -> list[psutil.Process]:
         return [p for p in psutil.Process(self.pid).children() if _is_server(p)]

@@ -136,17 +136,16 @@ def port_is_free(port: int) -> bool:
 
 def test_a_rank_that_raises_is_the_error_with_its_own_traceback():
     port = find_free_port()
-    started = time.monotonic()
     with pytest.raises(
         LaunchError, match=r"rank 1 \(pid \d+\) raised ValueError: bad batch"
     ) as info:
         notebook_launcher(failing("raise", sleep=0.5), num_processes=2, master_port=port)
-    assert time.monotonic() - started < 60
     error = info.value
     assert error.rank == 1 and error.exc_type == "ValueError"
     assert 'raise ValueError("bad batch on rank 1")' in str(error)  # the source line, here
     assert "Traceback on rank 1" in str(error) and "forkserver.py" not in str(error)
     assert error.failures[0].rank == 1  # the cause first, never rank 0's fallout
+    assert error.failures[1].rank == 0 and error.failures[1].secondary  # stopped, or lost rank 1
     assert port_is_free(port)
     assert notebook_launcher(failing("none"), num_processes=2, timeout=HANG) == 0  # relaunch
 
@@ -156,18 +155,23 @@ def test_a_rank_that_raises_is_the_error_with_its_own_traceback():
     [("exit", r"rank 1 \(pid \d+\) exited with code 3"), ("kill", r"rank 1 .* killed by SIGKILL")],
 )
 def test_a_rank_that_dies_without_an_exception(mode, match):
-    started = time.monotonic()
-    with pytest.raises(LaunchError, match=match) as info:
+    with pytest.raises(LaunchError, match=match) as info:  # not HANG's timeout error
         notebook_launcher(failing(mode), num_processes=2, timeout=HANG)
-    assert time.monotonic() - started < 30  # seconds, not the collective's 30-minute timeout
     assert info.value.rank == 1 and info.value.exc_type is None
+    # rank 0, waiting for rank 1 in the all-reduce, was stopped by nbaccel or lost its peer:
+    # it did not sit out the collective's 30-minute timeout
+    assert [(f.rank, f.secondary) for f in info.value.failures] == [(1, False), (0, True)]
 
 
 def test_a_hang_ends_at_the_timeout_naming_the_ranks():
-    started = time.monotonic()
-    with pytest.raises(LaunchError, match=r"timeout: ranks \[0, 1\] had not finished after 3 s"):
+    with pytest.raises(
+        LaunchError, match=r"timeout: ranks \[0, 1\] had not finished after 3 s"
+    ) as info:
         notebook_launcher(failing("hang"), num_processes=2, timeout=3)
-    assert time.monotonic() - started < 3 + 15  # SIGTERM, then SIGKILL after a short grace
+    # both were stopped by nbaccel's signals (rank 1 would otherwise sleep for HANG seconds)
+    stopped = {f.rank: f.exit_code for f in info.value.failures}
+    assert stopped.keys() == {0, 1}
+    assert set(stopped.values()) <= {-signal.SIGTERM, -signal.SIGKILL}, stopped
 
 
 def test_after_the_parent_trained_on_all_cores(monkeypatch):

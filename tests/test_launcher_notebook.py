@@ -108,11 +108,13 @@ def test_interrupt_stops_the_workers_and_keeps_the_kernel(kernel):
         "notebook_launcher(train, args=(Scaler(1.0), 1, 'sleep'), num_processes=2)"
     )
     kernel.wait_for_output("[rank 1] started on rank 1")
-    started = time.monotonic()
+    workers = kernel.workers()
+    assert len(workers) == 2
     kernel.manager.interrupt_kernel()  # Jupyter's stop button
-    out = kernel.finish(msg_id)
+    out = kernel.finish(msg_id)  # rank 1 sleeps 600 s: only a stopped launch ends in time
     assert out.error["ename"] == "KeyboardInterrupt"
-    assert time.monotonic() - started < 15
+    # the cell ends only once every worker has exited (and been reaped by the fork server)
+    assert not [p for p in workers if p.is_running()], workers
     assert (
         kernel.run("notebook_launcher(train, args=(Scaler(1.0),), num_processes=2)").value == "3.0"
     )
@@ -138,6 +140,7 @@ print("SOAK", failures, (after[0] - before[0]) / 2**20, after[1] - before[1], af
 """
 
 
+@pytest.mark.timeout(900)  # 80 launches: minutes on a loaded 2-core box
 def test_fifty_launches_in_a_row_leak_nothing(kernel):
     started = time.monotonic()
     out = kernel.run(SOAK, timeout=600)
