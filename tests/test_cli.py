@@ -53,7 +53,9 @@ time.sleep(120)  # rank 0 waits until torchrun stops it
 """
 WAITS = """
 import os, pathlib, sys, time
-pathlib.Path(sys.argv[1], os.environ["RANK"]).write_text(str(os.getpid()))
+folder = pathlib.Path(sys.argv[1])
+(folder / f".{os.environ['RANK']}").write_text(str(os.getpid()))
+os.replace(folder / f".{os.environ['RANK']}", folder / os.environ["RANK"])  # appears whole
 time.sleep(120)
 """
 

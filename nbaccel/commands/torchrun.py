@@ -21,6 +21,7 @@ import psutil
 
 TAIL_BYTES = 256 * 1024  # the root cause block sits at the very end of torchrun's stderr
 GRACE_SECONDS = 5  # for workers of an interrupted torchrun to exit, before they are killed
+PIPE_SECONDS = 30  # for the last of its stderr once torchrun exited: a hang guard, not a pace
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,9 @@ def run_torchrun(command: list[str], env: dict[str, str]) -> RunOutcome:
         for process in alive:
             with contextlib.suppress(psutil.Error):
                 process.kill()
-        pump.join(GRACE_SECONDS)  # a process that outlived torchrun may still hold the pipe
+        # At once, normally: every writer of the pipe is gone. A process that outlived torchrun
+        # unseen (a worker's own child) may still hold it; do not wait for that one forever.
+        pump.join(PIPE_SECONDS)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
