@@ -199,10 +199,19 @@ ANY_PROMPT_RAN = """() => Array.from(document.querySelectorAll('.jp-CodeCell .jp
                              .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"""
 
 
+IDLE = '.jp-Notebook-ExecutionIndicator[data-status="idle"]'  # the toolbar's kernel status
+
+
 def run_all(page, started) -> None:
-    """Run > Run All Cells, until ``started()`` returns: the menu item stays disabled until the
-    kernel is connected."""
-    dialogs = []
+    """Run > Run All Cells once the kernel is idle, until ``started()`` returns. The menu item
+    is disabled until the kernel connects; a kernel slow to start (a loaded machine) may first
+    bring up JupyterLab's "Select Kernel" dialog, answered with its default as a user would."""
+    dialogs: list[str] = []
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while not page.locator(IDLE).count():
+        dialogs += _accept_any_dialog(page)
+        assert time.monotonic() < deadline, f"the kernel never became idle; dialogs: {dialogs}"
+        time.sleep(0.5)
     for _ in range(5):
         dialogs += _accept_any_dialog(page)
         try:
@@ -236,7 +245,7 @@ def run_all_and_watch(page, url: str) -> dict:
     launch.wait_for(timeout=90_000)  # the notebook is rendered (a kernel starts meanwhile)
     clock = launch.evaluate(WATCH_CELL)  # the browser's clock, in seconds, at Run All
     deadline = time.monotonic() + RUN_TIMEOUT
-    run_all(page, lambda: page.wait_for_function(ANY_PROMPT_RAN, timeout=15_000))
+    run_all(page, lambda: page.wait_for_function(ANY_PROMPT_RAN, timeout=60_000))
     page.wait_for_function("() => window.nbaccelSeen.ended !== null", timeout=RUN_TIMEOUT * 1000)
     seen = page.evaluate("() => window.nbaccelSeen")
     panels = [  # each distinct panel: when (s after Run All), drawn during training?
@@ -337,7 +346,7 @@ def test_the_whatif_panel_is_a_widget_that_redraws(server, browser, front_end, p
     try:
         page.goto(f"{url}{path}/{WHATIF}")
         page.locator(".jp-CodeCell").first.wait_for(timeout=90_000)
-        run_all(page, lambda: page.wait_for_function(ANY_PROMPT_RAN, timeout=15_000))
+        run_all(page, lambda: page.wait_for_function(ANY_PROMPT_RAN, timeout=60_000))
         page.locator(".widget-dropdown select").wait_for(timeout=RUN_TIMEOUT * 1000)
         first = panel_image(page)
         for label in ("model size x", "compute faster x", "accumulation", "workers up to"):
