@@ -65,8 +65,8 @@ def config(tmp_path: Path) -> Path:
     return tmp_path / "config" / "nbaccel.json"
 
 
-def nbaccel(config: Path, *args: str, stdin: str = "", command=NBACCEL):
-    env = {**os.environ, "NBACCEL_CONFIG": str(config)}
+def nbaccel(config: Path, *args: str, stdin: str = "", command=NBACCEL, env=None):
+    env = {**os.environ, "NBACCEL_CONFIG": str(config), **(env or {})}
     return subprocess.run(
         [*command, *args], env=env, input=stdin, capture_output=True, text=True, timeout=TIMEOUT
     )
@@ -247,14 +247,7 @@ BARE_PATH = "/usr/bin:/bin"  # what a kernel registered from a venv has: not the
 
 @pytest.mark.parametrize("args", [["--help"], ["env"], ["config", "show"]], ids=" ".join)
 def test_python_m_nbaccel_works_with_a_bare_path(config, args):
-    env = {**os.environ, "NBACCEL_CONFIG": str(config), "PATH": BARE_PATH}
-    done = subprocess.run(
-        [sys.executable, "-m", "nbaccel", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+    done = nbaccel(config, *args, env={"PATH": BARE_PATH})
     assert done.returncode == 0, done.stderr
     expected = {"--help": "usage: nbaccel", "env": "- torch: ", "config": "num_processes"}
     assert expected[args[0]] in done.stdout
