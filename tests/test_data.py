@@ -20,7 +20,7 @@ from nbaccel.data import (
 def shards(n: int, batch_size: int, world_size: int, drop_last: bool = False):
     sampler = SequentialSampler(range(n))
     return [
-        list(ShardedBatchSampler(sampler, batch_size, drop_last, rank, world_size))
+        list(ShardedBatchSampler(BatchSampler(sampler, batch_size, drop_last), rank, world_size))
         for rank in range(world_size)
     ]
 
@@ -43,7 +43,7 @@ def test_distinct_samples_on_every_rank():
 def test_drop_last_drops_the_partial_step():
     ranks = shards(250, batch_size=8, world_size=2, drop_last=True)
     assert len(ranks[0]) == 15 and max(max(b) for r in ranks for b in r) == 239
-    sampler = ShardedBatchSampler(SequentialSampler(range(250)), 8, True, 0, 2)
+    sampler = ShardedBatchSampler(BatchSampler(SequentialSampler(range(250)), 8, True), 0, 2)
     assert len(sampler) == 15 and sampler.remainder is None
 
 
@@ -58,9 +58,8 @@ def test_shuffling_uses_the_shared_seed_like_a_plain_loader():
     expected = list(torch.utils.data.RandomSampler(data))
     torch.manual_seed(3)
     seed = int(torch.empty((), dtype=torch.int64).random_().item())
-    sampler = ShardedBatchSampler(
-        torch.utils.data.RandomSampler(data), 5, False, 0, 1, lambda: seed
-    )
+    batches = BatchSampler(torch.utils.data.RandomSampler(data), 5, False)
+    sampler = ShardedBatchSampler(batches, 0, 1, shared_seed=lambda: seed)
     assert [i for batch in sampler for i in batch] == expected
 
 
@@ -89,7 +88,9 @@ def test_an_iterable_dataset_cannot_be_sharded():
         shard_dataloader(DataLoader(Stream()), 0, 2, None)
 
 
-def test_a_custom_batch_sampler_needs_its_own_distributed_sampler():
-    loader = DataLoader(range(8), batch_sampler=BatchSampler(SequentialSampler(range(8)), 2, False))
-    with pytest.raises(TypeError, match=r"custom batch_sampler \(BatchSampler\)"):
-        shard_dataloader(loader, 0, 2, None)
+def test_a_custom_batch_sampler_is_sharded_like_batch_size():
+    custom = DataLoader(range(9), batch_sampler=BatchSampler(SequentialSampler(range(9)), 2, False))
+    plain = DataLoader(range(9), batch_size=2)
+    for rank in range(2):
+        got = [b.tolist() for b in shard_dataloader(custom, rank, 2, None)]
+        assert got == [b.tolist() for b in shard_dataloader(plain, rank, 2, None)]
