@@ -30,6 +30,13 @@ Failure: the first real error wins. Every rank's exception travels back as plain
 rank fails, the others get SIGTERM, then SIGKILL after a short grace, and one ``LaunchError``
 names the failing rank and shows its own traceback. A rank that fails only because a peer
 vanished mid-collective ("connection closed by peer") is reported after the rank that caused it.
+
+Restarts (``max_restarts``) follow torch elastic's agent: a failed worker group is not patched
+up one rank at a time; every worker is stopped, then the whole group meets again and starts
+afresh. Here each attempt gets a store of its own (and a new port, unless ``master_port`` fixes
+it), so nothing a dead attempt wrote to the store can mislead the next one. Workers read the
+attempt number from ``TORCHELASTIC_RESTART_COUNT``, as under torchrun, to resume from a
+checkpoint instead of starting over.
 """
 
 from __future__ import annotations
@@ -38,9 +45,11 @@ import collections
 import datetime
 import io
 import logging
+import math
 import os
 import pickle
 import socket
+import sys
 import threading
 import time
 import types
@@ -87,6 +96,9 @@ def notebook_launcher(
     fsdp: bool | None = None,
     deepspeed: bool | None = None,
     zero_stage: int | None = None,
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+    rdzv_backend: Literal["static"] = "static",
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers; return rank 0's value.
 
@@ -121,9 +133,29 @@ def notebook_launcher(
             notebook, a progress line on stderr elsewhere; or pass your own ``LiveView``.
         run: a ``Run`` to fill with every rank's metrics, results and failures; the return
             value stays rank 0's result. (A ``LaunchError`` carries it as ``.run``.)
+        max_restarts: as torch elastic's: when a worker raises or dies, stop every worker and
+            start them all again, up to this many times; the first attempt that succeeds gives
+            the result. Each attempt meets at a new rendezvous, has its own ``timeout``, and
+            tells its workers its number in ``TORCHELASTIC_RESTART_COUNT`` (0 first); ``run``
+            and the live view show the latest attempt. A timeout, a stop (Ctrl-C, the kernel's
+            interrupt) and a lost fork server are not restarted. With ``max_restarts > 0`` one
+            process also runs in a worker, so that each attempt starts afresh (a retry in this
+            process would inherit what the failed one left behind). Several nodes: refused;
+            a restart must restart every node together, which ``nbaccel launch --max-restarts
+            N`` (torchrun's agents) does.
+        monitor_interval: seconds the launcher waits at most between its checks of the workers
+            (the ``timeout``, the grace before SIGKILL, the live view), as torch elastic's
+            agent polls at this interval (default 0.1 s too). Unlike that agent's, a worker's
+            exit or error is heard the moment it happens, not at the next check. One process
+            running in this process has nothing to check.
+        rdzv_backend: only ``"static"``, what this launcher does: the launching process hosts
+            the store the workers meet at, with a fixed world size. Elastic rendezvous
+            (``"c10d"``, ``"etcd"``), where nodes may join and leave, is torchrun's: use
+            ``nbaccel launch``.
 
     Raises:
-        LaunchError: a worker raised, died, or timed out; the message holds its traceback.
+        LaunchError: a worker raised, died, or timed out; the message holds its traceback
+            (with ``max_restarts``, the last attempt's, after a line per earlier attempt).
     """
     _check_function(function)
     if not isinstance(args, list | tuple):
@@ -139,7 +171,8 @@ def notebook_launcher(
     if num_processes is None:
         num_processes = config.num_processes or max(gpus, 1)
     _check_counts(num_processes, gpus, num_nodes, node_rank, master_port)
-    in_process = num_processes * num_nodes == 1 and start_method is None
+    _check_restarts(max_restarts, monitor_interval, rdzv_backend, num_nodes)
+    in_process = num_processes * num_nodes == 1 and start_method is None and not max_restarts
     start_method = start_method or "forkserver"
     if start_method not in START_METHODS:
         raise ValueError(f"start_method={start_method!r} is not one of {START_METHODS}")
@@ -160,32 +193,94 @@ def notebook_launcher(
     loopback = _loopback_interface() if num_nodes == 1 else None
     if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
         defaults["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
-    rendezvous = _rendezvous(num_nodes, node_rank, master_addr, master_port)
-    with _launch_slot(), rendezvous as port:
-        common = {**os.environ, **defaults, "MASTER_ADDR": master_addr, "MASTER_PORT": str(port)}
-        envs = [
+    common = {**os.environ, **defaults, "MASTER_ADDR": master_addr}
+
+    def envs(port: int, attempt: int) -> list[dict[str, str]]:
+        """torchrun's variables for each worker, at this rendezvous, in this attempt."""
+        return [
             {
                 **common,
+                "MASTER_PORT": str(port),
                 "RANK": str(node_rank * num_processes + local_rank),
                 "LOCAL_RANK": str(local_rank),
                 "WORLD_SIZE": str(world_size),
                 "LOCAL_WORLD_SIZE": str(num_processes),
                 "GROUP_RANK": str(node_rank),
+                "TORCHELASTIC_RESTART_COUNT": str(attempt),
+                "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
             }
             for local_rank in range(num_processes)
         ]
-        run = run if run is not None else Run()
-        run.world_size, run.started = world_size, time.time()
+
+    def rendezvous():
+        return _rendezvous(num_nodes, node_rank, master_addr, master_port)
+
+    run = run if run is not None else Run()
+    run.world_size = world_size
+    with _launch_slot():
         if in_process:  # here, in this process; its Accelerator draws its own view
-            values = [_run_here(function, args, kwargs or {}, envs[0], run)]
-            run.results, run.finished = {0: values[0]}, time.time()
+            with rendezvous() as port:
+                run.started = time.time()
+                values = [_run_here(function, args, kwargs or {}, envs(port, 0)[0], run)]
+                run.results, run.finished = {0: values[0]}, time.time()
         else:
             payload = _serialize(function, args, kwargs or {})
             view = live if isinstance(live, LiveView) else LiveView() if live else None
-            values = Launch(
-                start_method, envs, threads, payload, timeout, output, run, view
-            ).execute()
+
+            def start(port: int, attempt: int) -> Launch:
+                return Launch(
+                    start_method, envs(port, attempt), threads, payload, timeout, output, run,
+                    view, monitor_interval,
+                )  # fmt: skip
+
+            try:
+                values = _attempts(max_restarts, rendezvous, start, run)
+            finally:
+                if view is not None:
+                    view.close(run)
     return values if return_all else values[0]
+
+
+def _attempts(max_restarts: int, rendezvous, start, run: Run) -> list[Any]:
+    """Launch until an attempt succeeds, fails in a way no restart cures, or none are left."""
+    attempt, attempts, earlier = 0, max_restarts + 1, []
+    while True:
+        if attempt:  # the Run starts over with the workers: records from step 0 again
+            run.__dict__.update(Run(world_size=run.world_size, label=run.label).__dict__)
+        with rendezvous() as port:  # a new store for every attempt: nothing stale in it
+            run.started = time.time()
+            launch = start(port, attempt)
+            try:
+                return launch.execute()
+            except LaunchError as err:
+                if not max_restarts:
+                    raise
+                if not launch.worker_failed or attempt == max_restarts:
+                    raise _attempts_error(err, earlier, launch, max_restarts) from None
+                earlier.append(err.root_cause.describe() if err.root_cause else str(err))
+                print(
+                    f"nbaccel: attempt {attempt + 1} of {attempts} failed: {earlier[-1]}. "
+                    f"Restarting all {len(launch.envs)} workers, attempt {attempt + 2} of "
+                    f"{attempts}.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        attempt += 1
+
+
+def _attempts_error(err: LaunchError, earlier: list[str], last, max_restarts: int) -> LaunchError:
+    made = len(earlier) + 1
+    if last.worker_failed:
+        header = f"all {made} attempts failed (max_restarts={max_restarts})"
+    else:
+        why = "a timeout" if last.timed_out else "a failure of nbaccel's fork server"
+        header = (
+            f"attempt {made} of up to {max_restarts + 1} ended in {why}, which is not restarted "
+            "(only a worker that raised or died is)"
+        )
+    lines = [f"{header}.", *(f"  attempt {i}: {c}" for i, c in enumerate(earlier, 1))]
+    lines += ["", f"attempt {made}: {err}"]
+    return LaunchError("\n".join(lines), err.failures, err.run)
 
 
 # -- preflight -----------------------------------------------------------------------------------
@@ -219,6 +314,42 @@ def _check_counts(n: Any, gpus: int, num_nodes: Any, node_rank: Any, master_port
         raise ValueError(
             "several nodes must agree on where to meet: pass the same master_addr (node 0's "
             "address) and master_port (a free port on node 0) on every node"
+        )
+
+
+def _check_restarts(
+    max_restarts: Any, monitor_interval: Any, rdzv_backend: Any, num_nodes: int
+) -> None:
+    """torch elastic's knobs: honoured, or refused with the reason; never accepted and ignored."""
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int):
+        raise TypeError(f"max_restarts={max_restarts!r} must be an int, e.g. max_restarts=2")
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts={max_restarts} must be 0 (no restarts) or more")
+    if max_restarts and num_nodes > 1:
+        raise ValueError(
+            f"max_restarts={max_restarts} with num_nodes={num_nodes}: a restart must stop and "
+            "restart the workers on every node together, and each node's notebook_launcher "
+            "sees only its own. Run a script on each node with `nbaccel launch --max-restarts "
+            f"{max_restarts} --num-nodes {num_nodes} ...`, whose torchrun agents restart the "
+            "whole job, or keep max_restarts=0 here."
+        )
+    if isinstance(monitor_interval, bool) or not isinstance(monitor_interval, int | float):
+        raise TypeError(
+            f"monitor_interval={monitor_interval!r} must be a number of seconds, e.g. 0.1"
+        )
+    if not (monitor_interval > 0 and math.isfinite(monitor_interval)):
+        raise ValueError(
+            f"monitor_interval={monitor_interval} must be a positive, finite number of "
+            "seconds, e.g. 0.1 (the default)"
+        )
+    if not isinstance(rdzv_backend, str):
+        raise TypeError(f'rdzv_backend={rdzv_backend!r} must be a string: use "static"')
+    if rdzv_backend != "static":
+        raise ValueError(
+            f"rdzv_backend={rdzv_backend!r}: notebook_launcher's rendezvous is static (this "
+            'process hosts the store, the world size is fixed), so it takes only "static". '
+            "Elastic rendezvous, where nodes may join and leave, is torchrun's: run a script "
+            f"with `nbaccel launch` (torchrun underneath), or drop rdzv_backend here."
         )
 
 

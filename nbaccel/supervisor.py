@@ -116,12 +116,29 @@ class _Rank:
 
 
 class Launch:
+    """One attempt: start the workers, supervise them to the end, return or raise.
+
+    ``monitor_interval`` is the longest the supervisor sleeps between its own checks (the
+    timeout, the grace before SIGKILL, a live view's redraw); exits, errors and output wake it
+    at once. The caller owns ``view`` and closes it.
+    """
+
     def __init__(
-        self, start_method, envs, threads, payload, timeout, output, run=None, view=None
+        self,
+        start_method,
+        envs,
+        threads,
+        payload,
+        timeout,
+        output,
+        run=None,
+        view=None,
+        monitor_interval=0.1,
     ) -> None:
         self.start_method, self.envs, self.threads = start_method, envs, threads
         self.payload, self.timeout, self.output = payload, timeout, output
         self.run, self.view = run if run is not None else Run(), view
+        self.monitor_interval = monitor_interval
         self.id = next(_launch_ids)
         self.ranks: list[_Rank] = []
         self.failed_order: list[int] = []
@@ -152,9 +169,13 @@ class Launch:
             return self._outcome()
         finally:
             self.run.finished = time.time()
-            if self.view is not None:
-                self.view.close(self.run)
             self._finish(server)
+
+    @property
+    def worker_failed(self) -> bool:
+        """A worker raised or died: what a restart may cure. Not a timeout (the next attempt
+        would wait as long) nor a lost fork server (nbaccel's own failure)."""
+        return bool(self.failed_order) and not self.timed_out and not self.server_died
 
     def _start(self, server: ForkServer) -> None:
         specs, worker_fds = [], []
@@ -227,7 +248,7 @@ class Launch:
                     self.view.update(self.run)
                 while server.pending:
                     self._on_server(server.pending.pop(0), server, selector)
-                for key, _ in selector.select(timeout=0.1):
+                for key, _ in selector.select(timeout=self.monitor_interval):
                     if key.fileobj not in _watched(selector):
                         continue  # unregistered by an earlier event of this round
                     rank, what = key.data

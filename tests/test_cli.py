@@ -262,7 +262,7 @@ def test_more_processes_than_gpus_says_use_fewer_or_cpu():
 def test_torchrun_command_line():
     args = Namespace(
         num_nodes=1, node_rank=0, master_addr=None, master_port=None, module=True,
-        script="pkg.train", script_args=["--lr", "3"],
+        script="pkg.train", script_args=["--lr", "3"], max_restarts=0,
     )  # fmt: skip
     assert torchrun_command(args, 2)[1:] == [
         "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",

@@ -64,6 +64,13 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         "--zero-stage", type=int, choices=(0, 1, 2, 3), help="DeepSpeed's ZeRO stage (implies it)"
     )
     parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="when a process fails, restart them all, up to N times (torchrun's; default 0)",
+    )
+    parser.add_argument(
         "--save-panel", metavar="PNG", help="save rank 0's final live panel to this PNG file"
     )
     parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
@@ -113,6 +120,8 @@ def torchrun_command(args: argparse.Namespace, nproc: int) -> list[str]:
         command += ["--nnodes", str(args.num_nodes), "--node-rank", str(args.node_rank)]
         command += ["--master-addr", args.master_addr or "127.0.0.1"]
         command += ["--master-port", str(args.master_port)]
+    if args.max_restarts:
+        command += ["--max-restarts", str(args.max_restarts)]
     if args.module:
         command.append("-m")
     return [*command, args.script, *args.script_args]
@@ -133,6 +142,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise UsageError("--master-addr needs --master-port too (a free port on that machine)")
     if args.master_port is not None and args.master_port > 65535:
         raise UsageError(f"--master-port {args.master_port} is not a port: use 1024..65535")
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts {args.max_restarts} must be 0 (no restarts) or more")
     if not args.module and not os.path.isfile(args.script):
         raise UsageError(f"{args.script!r} is not a file; for a module, add -m: launch -m NAME")
 
