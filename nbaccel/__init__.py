@@ -15,8 +15,12 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Accelerator": "accelerator",
-    "set_seed": "accelerator",
-    "send_to_device": "data",
+    "set_seed": "utils",
+    "DataLoaderConfiguration": "data",
+    "GradientAccumulationPlugin": "optim",
+    "DistributedType": "state",
+    "PartialState": "state",
+    "send_to_device": "utils",
     "CheckpointError": "errors",
     "LaunchError": "errors",
     "NbaccelError": "errors",
@@ -31,11 +35,15 @@ _EXPORTS = {
 __all__ = [
     "Accelerator",
     "CheckpointError",
+    "DataLoaderConfiguration",
     "DeepSpeedPlugin",
+    "DistributedType",
     "FSDPPlugin",
+    "GradientAccumulationPlugin",
     "LaunchError",
     "LiveView",
     "NbaccelError",
+    "PartialState",
     "Run",
     "Tracker",
     "measure_scaling",
@@ -45,15 +53,18 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .accelerator import Accelerator, set_seed
-    from .data import send_to_device
+    from .accelerator import Accelerator
+    from .data import DataLoaderConfiguration
     from .display import LiveView
     from .errors import CheckpointError, LaunchError, NbaccelError
     from .launcher import notebook_launcher
     from .metrics import Run
+    from .optim import GradientAccumulationPlugin
     from .scaling import measure_scaling
     from .sharding import FSDPPlugin
+    from .state import DistributedType, PartialState
     from .tracker import Tracker
+    from .utils import send_to_device, set_seed
     from .zero import DeepSpeedPlugin
 
 

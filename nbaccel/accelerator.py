@@ -18,11 +18,11 @@ destroyed by that one's ``end_training``), the global RNGs, and CUDA's current d
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
-import random
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,20 +30,24 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
-from . import checkpoint, zero
-from .data import LoopState, PreparedDataLoader, has_tensor, map_tensors, shard_dataloader
+from . import checkpoint, utils, zero
+from .data import (
+    DataLoaderConfiguration,
+    LoopState,
+    PreparedDataLoader,
+    has_tensor,
+    map_tensors,
+    shard_dataloader,
+)
 from .display import LiveView
 from .env import (
-    CPU_VAR,
     DEEPSPEED_VAR,
     FSDP_VAR,
     MIXED_PRECISION_VAR,
-    DistEnv,
     backend_for,
-    choose_device,
 )
 from .metrics import Run
-from .optim import AcceleratedOptimizer, AcceleratedScheduler
+from .optim import AcceleratedOptimizer, AcceleratedScheduler, GradientAccumulationPlugin
 from .precision import MixedPrecision, Precision, check_mode
 from .sharding import (
     FSDPPlugin,
@@ -54,13 +58,15 @@ from .sharding import (
     shard_model,
     swap_parameters,
 )
+from .state import DistributedType, PartialState
 from .tracker import Tracker
+from .utils import set_seed  # noqa: F401  (its old home; nbaccel.set_seed is the same)
 from .zero import DeepSpeedOptimizer, DeepSpeedPlugin  # DeepSpeed itself loads on demand
 
 logger = logging.getLogger(__name__)
 
 
-class Accelerator:
+class Accelerator(PartialState):
     """Device placement, DDP, mixed precision and gradient accumulation for a training loop.
 
     >>> accelerator = Accelerator(mixed_precision="no", gradient_accumulation_steps=2)
@@ -94,11 +100,38 @@ class Accelerator:
         live: bool | LiveView = True,
         fsdp_plugin: FSDPPlugin | None = None,
         deepspeed_plugin: DeepSpeedPlugin | None = None,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
     ) -> None:
         precision_given = mixed_precision is not None or bool(os.environ.get(MIXED_PRECISION_VAR))
         if mixed_precision is None:
             mixed_precision = os.environ.get(MIXED_PRECISION_VAR) or "no"  # type: ignore[assignment]
         check_mode(mixed_precision)
+        if gradient_accumulation_plugin is not None:
+            if not isinstance(gradient_accumulation_plugin, GradientAccumulationPlugin):
+                raise TypeError(
+                    f"gradient_accumulation_plugin={gradient_accumulation_plugin!r} must be a "
+                    "nbaccel.utils.GradientAccumulationPlugin"
+                )
+            if gradient_accumulation_steps != 1:
+                raise ValueError(
+                    "give gradient_accumulation_steps or gradient_accumulation_plugin, not both "
+                    "(the plugin's num_steps is the number of steps)"
+                )
+            gradient_accumulation_steps = gradient_accumulation_plugin.num_steps
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration()
+        if not isinstance(self.dataloader_config, DataLoaderConfiguration):
+            raise TypeError(
+                f"dataloader_config={dataloader_config!r} must be a "
+                "nbaccel.utils.DataLoaderConfiguration"
+            )
+        if not isinstance(step_scheduler_with_optimizer, bool):
+            raise TypeError(
+                f"step_scheduler_with_optimizer={step_scheduler_with_optimizer!r} must be True "
+                "or False"
+            )
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         if isinstance(gradient_accumulation_steps, bool) or not isinstance(
             gradient_accumulation_steps, int
         ):
@@ -111,6 +144,9 @@ class Accelerator:
                 f"gradient_accumulation_steps={gradient_accumulation_steps} must be a positive "
                 "int; use 1 to step the optimizer on every batch."
             )
+        self.gradient_accumulation_plugin = gradient_accumulation_plugin or (
+            GradientAccumulationPlugin(num_steps=gradient_accumulation_steps)
+        )
         if fsdp_plugin is None and os.environ.get(FSDP_VAR) == "1":
             fsdp_plugin = FSDPPlugin()  # asked for by the launch (fsdp=True, --fsdp)
         if fsdp_plugin is not None and not isinstance(fsdp_plugin, FSDPPlugin):
@@ -132,10 +168,20 @@ class Accelerator:
         self.fsdp_plugin = fsdp_plugin
         self.deepspeed_plugin = deepspeed_plugin
         self._new_parameters: dict[int, torch.nn.Parameter] = {}  # replaced by FSDP sharding
-        self.env = DistEnv.from_environ()
-        if cpu is None:
-            cpu = os.environ.get(CPU_VAR) == "1"
-        self.device = choose_device(self.env.local_rank, cpu=cpu)
+        super().__init__(cpu=cpu)  # rank, device; joins the process group with several
+        try:
+            self._setup(mixed_precision, precision_given, gradient_accumulation_steps, live)
+        except BaseException:
+            self.destroy_process_group()  # nothing half-made outlives a refused Accelerator
+            raise
+
+    def _setup(self, mixed_precision, precision_given, gradient_accumulation_steps, live) -> None:
+        deepspeed_plugin = self.deepspeed_plugin
+        if deepspeed_plugin is not None and self.gradient_accumulation_plugin.sync_each_batch:
+            raise ValueError(
+                "GradientAccumulationPlugin(sync_each_batch=True) under DeepSpeed: the engine "
+                "decides when gradients are reduced; leave sync_each_batch False."
+            )
         self.deepspeed_config: dict[str, Any] | None = None  # the config the engine gets
         if deepspeed_plugin is not None:
             zero.import_deepspeed(self.device)  # an install hint now, not at prepare()
@@ -146,20 +192,12 @@ class Accelerator:
                 accumulation=gradient_accumulation_steps,
                 device=self.device,
             )
-        self._owns_process_group = False
-        if self.env.is_distributed and not dist.is_initialized():
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
-            dist.init_process_group(
-                backend_for(self.device), rank=self.env.rank, world_size=self.env.world_size
-            )
-            self._owns_process_group = True
-        elif deepspeed_plugin is not None and not dist.is_initialized():
-            # DeepSpeed needs a process group even for one process: a private one, no port
-            dist.init_process_group(
-                backend_for(self.device), store=dist.HashStore(), rank=0, world_size=1
-            )
-            self._owns_process_group = True
+            if not dist.is_initialized():
+                # DeepSpeed needs a process group even for one process: a private one, no port
+                dist.init_process_group(
+                    backend_for(self.device), store=dist.HashStore(), rank=0, world_size=1
+                )
+                self._owns_process_group = True
         self._set_local_rank = deepspeed_plugin is not None and "LOCAL_RANK" not in os.environ
         if self._set_local_rank:  # DeepSpeed reads it; end_training removes it again
             os.environ["LOCAL_RANK"] = str(self.env.local_rank)
@@ -180,33 +218,25 @@ class Accelerator:
         self._schedulers: list[AcceleratedScheduler] = []
         self._grads_pending = False  # gradients of a window that no optimizer step used yet
         self._engine: Any = None  # the DeepSpeed engine, once prepared
+        self._trigger = torch.zeros((), device=self.device)  # set_trigger / check_trigger
+        self._unsynced: set[int] = set()  # ids of sharded models inside no_sync
 
-    # -- where this process stands (PyTorch's names, and Accelerate's aliases) ----------------
-    @property
-    def rank(self) -> int:
-        return self.env.rank
-
-    process_index = rank
-
-    @property
-    def local_process_index(self) -> int:
-        return self.env.local_rank
-
-    @property
-    def num_processes(self) -> int:
-        return self.env.world_size
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.env.rank == 0  # logs and saves
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.env.local_rank == 0
-
+    # -- where this process stands: PartialState's names, and these ---------------------------
     @property
     def mixed_precision(self) -> str:
         return self.precision.mode
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        if self.deepspeed_plugin is not None:
+            return DistributedType.DEEPSPEED
+        if self.fsdp_plugin is not None and self.use_distributed:
+            return DistributedType.FSDP
+        return super().distributed_type
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
@@ -260,9 +290,20 @@ class Accelerator:
             self._optimizers.append(optimizer)
             return optimizer
         if isinstance(obj, DataLoader):
-            loader = shard_dataloader(obj, self.rank, self.num_processes, self._shared_seed)
+            config = self.dataloader_config
+            if config.use_seedable_sampler and config.data_seed is None and self.use_distributed:
+                # every rank must shuffle alike, seeded by the user or not (Accelerate takes
+                # each rank's own initial seed, so unseeded ranks would read different orders)
+                seed = utils.broadcast_object_list([torch.initial_seed()])[0]
+                config = dataclasses.replace(config, data_seed=seed)
+            loader = shard_dataloader(obj, self.rank, self.num_processes, self._shared_seed, config)
             return PreparedDataLoader(
-                loader, self.device, self._loop, self.tracker.count, self.tracker.epoch_done
+                loader,
+                self.device,
+                self._loop,
+                self.tracker.count,
+                self.tracker.epoch_done,
+                non_blocking=config.non_blocking,
             )
         if isinstance(obj, LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau):
             scheduler = AcceleratedScheduler(obj, self)
@@ -372,27 +413,54 @@ class Accelerator:
         ``sync_gradients`` becomes True on every ``gradient_accumulation_steps``-th call and on
         the last batch of a prepared DataLoader; on the other calls DDP skips its all-reduce
         (``no_sync``) and the prepared optimizer's ``step()`` does nothing.
+        ``GradientAccumulationPlugin(sync_each_batch=True)`` all-reduces on every call (less
+        memory held, more traffic), ``sync_with_dataloader=False`` ignores the data's end.
         """
-        if self._loop.end_of_dataloader:
+        plugin = self.gradient_accumulation_plugin
+        if plugin.sync_with_dataloader and self._loop.end_of_dataloader:
             self.step = 0  # the next epoch starts a fresh window
             self.sync_gradients = True
         else:
             self.step += 1
             self.sync_gradients = self.step % self.gradient_accumulation_steps == 0
         with contextlib.ExitStack() as stack:
-            if not self.sync_gradients:
+            if not self.sync_gradients and not plugin.sync_each_batch:
                 for model in models:
                     stack.enter_context(self.no_sync(model))
             yield
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """Make the next ``backward`` inside the block all-reduce, even inside ``no_sync`` or a
+        mid-window ``accumulate`` (say, before an optimizer step that a loop takes early)."""
+        if self._sharded(model):
+            model.set_requires_gradient_sync(True)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(id(model) not in self._unsynced)
+            return
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        saved = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])  # arm the reducer that no_sync left idle
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
         """Skip DDP's gradient all-reduce (FSDP's reduce-scatter) inside the block."""
         if self._sharded(model):
             model.set_requires_gradient_sync(False)
+            self._unsynced.add(id(model))
             try:
                 yield
             finally:
+                self._unsynced.discard(id(model))
                 model.set_requires_gradient_sync(True)
             return
         context = model.no_sync() if isinstance(model, DistributedDataParallel) else None
@@ -443,104 +511,56 @@ class Accelerator:
             self.precision.unscale_(optimizer.optimizer)
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
-    # -- collectives -----------------------------------------------------------------------------
-    def gather(self, data: Any) -> Any:
+    # -- collectives (nbaccel.utils, on this Accelerator's process group) -----------------------
+    def gather(self, tensor: Any) -> Any:
         """Concatenate each tensor across ranks along dim 0, in rank order (0-d tensors stack).
 
-        Every rank must pass tensors of the same shape; see ``pad_across_processes``.
+        Every rank must pass tensors of the same shape (else every rank raises a ``ValueError``
+        naming each rank's shape); see ``pad_across_processes``.
         """
-        if not self.env.is_distributed:
-            return data
-        return map_tensors(data, self._gather_tensor)
+        return utils.gather(tensor)
 
-    def _gather_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.contiguous()
-        if tensor.dim() == 0:
-            tensor = tensor[None]
-        parts = [torch.empty_like(tensor) for _ in range(self.num_processes)]
-        dist.all_gather(parts, tensor)
-        return torch.cat(parts)
-
-    def gather_for_metrics(self, data: Any) -> Any:
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather`` per-sample values, dropping the repeats that topped up the last batch.
 
         Over a prepared loader of ``n`` samples this returns exactly ``n`` rows in total.
-        Non-tensor data (lists of strings, say) is gathered as Python objects.
+        Non-tensor data (lists of strings, say) is gathered as Python objects, as with
+        ``use_gather_object=True``.
         """
-        if not self.env.is_distributed:
+        data = input_data
+        if not self.use_distributed:
             return data
-        if has_tensor(data):
+        if has_tensor(data) and not use_gather_object:
             gathered = self.gather(data)
         else:
-            parts: list[Any] = [None] * self.num_processes
-            dist.all_gather_object(parts, data)
-            gathered = [x for part in parts for x in part]
+            gathered = utils.gather_object(data if isinstance(data, list | tuple) else [data])
         remainder = self._loop.remainder
         if self._loop.end_of_dataloader and remainder is not None:
             gathered = map_tensors(gathered, lambda t: t[:remainder], lists=True)
         return gathered
 
-    def reduce(self, tensor: Any, reduction: Literal["sum", "mean"] = "sum") -> Any:
-        """Sum or average each tensor across ranks; every rank gets the result."""
-        if reduction not in ("sum", "mean"):
-            raise ValueError(f"reduction={reduction!r} must be 'sum' or 'mean'")
-
-        def one(t: torch.Tensor) -> torch.Tensor:
-            t = t.clone()
-            if self.env.is_distributed:
-                dist.all_reduce(t)
-            return t / self.num_processes if reduction == "mean" else t
-
-        return map_tensors(tensor, one)
+    def reduce(self, tensor: Any, reduction: utils.Reduction = "sum", scale: float = 1.0) -> Any:
+        """Sum (the Accelerator's default, as in Accelerate), average, max or min each tensor
+        across ranks; every rank gets the result."""
+        return utils.reduce(tensor, reduction, scale)
 
     def pad_across_processes(
         self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
     ) -> Any:
         """Pad each tensor along ``dim`` to the largest size on any rank, so it can be gathered."""
-        if not self.env.is_distributed:
-            return tensor
+        return utils.pad_across_processes(tensor, dim, pad_index, pad_first)
 
-        def one(t: torch.Tensor) -> torch.Tensor:
-            size = torch.tensor([t.shape[dim]], device=t.device)
-            longest = int(self._gather_tensor(size).max())
-            if longest == t.shape[dim]:
-                return t
-            shape = list(t.shape)
-            shape[dim] = longest
-            out = t.new_full(shape, pad_index)
-            start = longest - t.shape[dim] if pad_first else 0
-            out.narrow(dim, start, t.shape[dim]).copy_(t)
-            return out
+    # -- one rank stops everyone (early stopping, a NaN loss) -----------------------------------
+    def set_trigger(self) -> None:
+        """Raise this rank's flag; the next ``check_trigger`` on every rank sees it."""
+        self._trigger = torch.ones((), device=self.device)
 
-        return map_tensors(tensor, one)
-
-    def wait_for_everyone(self) -> None:
-        """A barrier: every rank waits here until all have arrived."""
-        if self.env.is_distributed:
-            dist.barrier()
-
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
-        """Rank 0 runs the block first (say, to download or cache data); the others follow."""
-        if not self.is_main_process:
-            self.wait_for_everyone()
-        yield
-        if self.is_main_process:
-            self.wait_for_everyone()
-
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Yield this rank's contiguous share of a list, tuple, tensor or dict of them.
-
-        Shares differ by at most one item; ``apply_padding`` repeats the last item so they are
-        equal (handy before ``gather``).
-        """
-        yield _split(inputs, self.rank, self.num_processes, apply_padding)
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on the main process only."""
-        if self.is_main_process:
-            print(*args, **kwargs)
+    def check_trigger(self) -> bool:
+        """True on every rank when any rank called ``set_trigger`` since the last check (the
+        flags are then lowered). A collective: every rank must call it at the same point."""
+        flag = utils.reduce(self._trigger, "max")
+        self._trigger = torch.zeros((), device=self.device)
+        return bool(flag.item())
 
     def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
         """Send numbers (floats, ints, 0-d tensors) to the live view, on every rank.
@@ -606,11 +626,12 @@ class Accelerator:
             return zero.full_state_dict(model)
         return full_tensors(self.unwrap_model(model).state_dict())
 
-    def save_state(self, output_dir: str | os.PathLike) -> None:
+    def save_state(self, output_dir: str | os.PathLike | None = None) -> None:
         """Checkpoint models, optimizers, schedulers, scaler, RNG states and ``step``.
 
         Every rank must call it. The directory is replaced whole, or not at all.
         """
+        output_dir = _checkpoint_dir(output_dir, "save_state")
         if self._engine is not None:  # its own sharded checkpoint, inside ours
             checkpoint.save_state(
                 output_dir,
@@ -641,12 +662,13 @@ class Accelerator:
             barrier=self.wait_for_everyone,
         )
 
-    def load_state(self, input_dir: str | os.PathLike) -> None:
+    def load_state(self, input_dir: str | os.PathLike | None = None) -> None:
         """Restore what ``save_state`` wrote, after preparing the same objects in the same order.
 
         Raises ``CheckpointError`` (a ``ValueError``) for a missing, partial or corrupt
         checkpoint, before any object is changed. Files load with ``weights_only=True``.
         """
+        input_dir = _checkpoint_dir(input_dir, "load_state")
         engine = self._engine
         models = [] if engine else [self.unwrap_model(m) for m in self._models]
         optimizers = [] if engine else [o.optimizer for o in self._optimizers]
@@ -703,6 +725,15 @@ class Accelerator:
             self._set_local_rank = False
 
 
+def _checkpoint_dir(folder: str | os.PathLike | None, method: str) -> str | os.PathLike:
+    if folder is None:  # Accelerate's default needs a ProjectConfiguration, not here yet
+        raise ValueError(
+            f"{method}() needs a folder here, e.g. accelerator.{method}('checkpoints/epoch_3'): "
+            "nbaccel does not name checkpoints automatically (Accelerate's project_config)."
+        )
+    return folder
+
+
 class _AutocastForward:
     """A model's forward run under autocast, its floating outputs returned as float32."""
 
@@ -713,32 +744,3 @@ class _AutocastForward:
         with self.precision.autocast():
             out = self.forward(*args, **kwargs)
         return map_tensors(out, lambda t: t.float() if t.is_floating_point() else t)
-
-
-def _split(inputs: Any, rank: int, world_size: int, pad: bool) -> Any:
-    if isinstance(inputs, Mapping):
-        return type(inputs)({k: _split(v, rank, world_size, pad) for k, v in inputs.items()})
-    n = len(inputs)
-    base, extra = divmod(n, world_size)
-    start = rank * base + min(rank, extra)
-    share = inputs[start : start + base + (rank < extra)]
-    if pad and extra and rank >= extra and n:
-        tail = inputs[n - 1 : n]
-        share = torch.cat([share, tail]) if isinstance(share, torch.Tensor) else share + tail
-    return share
-
-
-def set_seed(seed: int, device_specific: bool = False) -> None:
-    """Seed python, numpy (if installed) and torch on every device.
-
-    ``device_specific=True`` adds the rank, so ranks draw different numbers (e.g. for
-    augmentation) while staying reproducible.
-    """
-    if device_specific:
-        seed += DistEnv.from_environ().rank
-    random.seed(seed)
-    torch.manual_seed(seed)
-    with contextlib.suppress(ImportError):
-        import numpy as np
-
-        np.random.seed(seed % 2**32)

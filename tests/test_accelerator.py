@@ -271,5 +271,5 @@ def test_log_refuses_what_is_not_a_number():
 
 
 def test_reduce_names_the_allowed_reductions():
-    with pytest.raises(ValueError, match=r"reduction='max' must be 'sum' or 'mean'"):
-        Accelerator().reduce(torch.ones(1), "max")
+    with pytest.raises(ValueError, match=r"reduction='avg' must be one of \['max', 'mean'"):
+        Accelerator().reduce(torch.ones(1), "avg")

@@ -1,0 +1,227 @@
+"""Where this process stands, without the training machinery: ``PartialState``.
+
+Accelerate's ``PartialState`` under the same names: the process facts (``num_processes``,
+``process_index``, ``device``, ``is_main_process``, ...), barriers, ``print`` and the
+decorators that run a function on one process only. The ``Accelerator`` builds on it, so every
+name here is an Accelerator's too.
+
+One difference, on purpose: Accelerate's state is a process-wide singleton, nbaccel's is an
+ordinary object (two share nothing but torch's default process group). Creating one joins the
+process group when the launch has several processes and none exists yet; the one that joined
+it leaves it in ``destroy_process_group()`` (the Accelerator's ``end_training``). Workers that
+``notebook_launcher`` started leave it anyway when the function returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .env import CPU_VAR, DistEnv, backend_for, choose_device
+
+
+class DistributedType(str, enum.Enum):
+    """How the processes train together, by Accelerate's names (compares equal to the string)."""
+
+    NO = "NO"  # one process
+    MULTI_CPU = "MULTI_CPU"  # DDP over gloo
+    MULTI_GPU = "MULTI_GPU"  # DDP over NCCL
+    FSDP = "FSDP"  # sharded by FSDP2 (several processes)
+    DEEPSPEED = "DEEPSPEED"  # a DeepSpeed engine (any number of processes)
+
+
+class PartialState:
+    """This process's rank, device and process group, and what to do with them.
+
+    >>> state = PartialState(cpu=True)
+    >>> state.num_processes, state.process_index, state.is_main_process, state.distributed_type
+    (1, 0, True, <DistributedType.NO: 'NO'>)
+
+    Args:
+        cpu: use the CPU even when a GPU is present; ``None`` takes the launch default
+            (``notebook_launcher(cpu=True)``, ``nbaccel launch --cpu``), else False.
+    """
+
+    def __init__(self, cpu: bool | None = None) -> None:
+        self.env = DistEnv.from_environ()
+        if cpu is None:
+            cpu = os.environ.get(CPU_VAR) == "1"
+        self.device = choose_device(self.env.local_rank, cpu=cpu)
+        self._owns_process_group = False
+        if self.env.is_distributed and not dist.is_initialized():
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(
+                backend_for(self.device), rank=self.env.rank, world_size=self.env.world_size
+            )
+            self._owns_process_group = True
+
+    # -- the facts (PyTorch's names, and Accelerate's) ------------------------------------------
+    @property
+    def process_index(self) -> int:
+        return self.env.rank
+
+    rank = process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def num_processes(self) -> int:
+        return self.env.world_size
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.env.is_distributed
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.env.rank == 0  # logs and saves
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.env.local_rank == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.env.rank == self.env.world_size - 1
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        if not self.use_distributed:
+            return DistributedType.NO
+        return (
+            DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+        )
+
+    @property
+    def backend(self) -> str | None:
+        """``"gloo"`` or ``"nccl"`` with several processes; None for one."""
+        return backend_for(self.device) if self.use_distributed else None
+
+    # -- together --------------------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """A barrier: every rank waits here until all have arrived."""
+        if self.use_distributed:
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Rank 0 runs the block first (say, to download or cache data); the others follow."""
+        with self._first(self.is_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Each machine's local rank 0 runs the block first; the others follow."""
+        with self._first(self.is_local_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def _first(self, me: bool) -> Iterator[None]:
+        if not me:
+            self.wait_for_everyone()
+        yield
+        if me:
+            self.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this rank's contiguous share of a list, tuple, tensor or dict of them.
+
+        Shares differ by at most one item, the first ranks taking the extra ones;
+        ``apply_padding`` repeats the last item so they are equal (handy before ``gather``).
+        """
+        if isinstance(inputs, Mapping):
+            lengths = {len(v) for v in inputs.values()}
+            if len(lengths) > 1:
+                raise ValueError(
+                    f"split_between_processes splits every value of a dict alike, so they must "
+                    f"have one length; got lengths {sorted(lengths)}"
+                )
+        yield _split(inputs, self.process_index, self.num_processes, apply_padding)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    # -- one process only (decorators: the function returns None on the others) ----------------
+    def on_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        return self._only(function, self.is_main_process)
+
+    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        return self._only(function, self.is_local_main_process)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self._only(function, self.is_last_process)
+
+    def on_process(
+        self, function: Callable[..., Any] | None = None, process_index: int | None = None
+    ) -> Any:
+        """``@state.on_process(process_index=1)``: run on that process only."""
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return self._only(function, self.process_index == _index(process_index, "process"))
+
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Any:
+        """``@state.on_local_process(local_process_index=0)``: that local rank of each node."""
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        index = _index(local_process_index, "local_process")
+        return self._only(function, self.local_process_index == index)
+
+    def _only(self, function: Callable[..., Any] | None, here: bool) -> Any:
+        if function is None:  # used with parentheses: @state.on_main_process()
+            return functools.partial(self._only, here=here)
+        if not callable(function):
+            raise TypeError(f"{function!r} is not a function: decorate one, @state.on_...")
+
+        @functools.wraps(function)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if here or not self.use_distributed else None
+
+        return run
+
+    # -- the end ---------------------------------------------------------------------------------
+    def destroy_process_group(self) -> None:
+        """Leave the process group, if this object joined it (safe to call twice)."""
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_process_group = False
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(distributed_type={self.distributed_type.value}, "
+            f"process_index={self.process_index}, num_processes={self.num_processes}, "
+            f"device={self.device})"
+        )
+
+
+def _index(index: Any, what: str) -> int:
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise TypeError(f"{what}_index={index!r} must be an int, e.g. @on_{what}({what}_index=0)")
+    return index
+
+
+def _split(inputs: Any, rank: int, world_size: int, pad: bool) -> Any:
+    if isinstance(inputs, Mapping):
+        return type(inputs)({k: _split(v, rank, world_size, pad) for k, v in inputs.items()})
+    n = len(inputs)
+    base, extra = divmod(n, world_size)
+    start = rank * base + min(rank, extra)
+    share = inputs[start : start + base + (rank < extra)]
+    if pad and extra and rank >= extra and n:
+        tail = inputs[n - 1 : n]
+        share = torch.cat([share, tail]) if isinstance(share, torch.Tensor) else share + tail
+    return share
