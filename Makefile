@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/launch.py
 	$(BIN)/python benchmarks/live.py
 	$(BIN)/python benchmarks/sharding.py
+	$(BIN)/python benchmarks/collectives.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
