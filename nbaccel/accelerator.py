@@ -227,6 +227,12 @@ class Accelerator(PartialState):
         return self.precision.mode
 
     @property
+    def state(self) -> Accelerator:
+        """Accelerate's ``accelerator.state`` (its ``AcceleratorState``): here the Accelerator
+        holds those facts itself, so ``accelerator.state.num_processes`` works unchanged."""
+        return self
+
+    @property
     def distributed_type(self) -> DistributedType:
         if self.deepspeed_plugin is not None:
             return DistributedType.DEEPSPEED

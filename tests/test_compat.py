@@ -111,6 +111,7 @@ def test_configuration_classes_have_accelerates_fields_and_defaults(ours, theirs
 
 
 def test_distributed_type_names_are_accelerates():
+    assert {m.name for m in DistributedType} == {m.name for m in accelerate.DistributedType}
     for member in DistributedType:
         assert member == getattr(accelerate.DistributedType, member.name)
         assert member == member.value  # compares equal to its string, as Accelerate's does
@@ -149,6 +150,7 @@ def test_partial_state_has_accelerates_process_names():
         assert hasattr(accelerate.Accelerator, name) and hasattr(accelerator, name), name
     assert (state.num_processes, state.process_index, state.is_last_process) == (1, 0, True)
     assert state.distributed_type == accelerator.distributed_type == DistributedType.NO
+    assert accelerator.state.num_processes == 1  # Accelerate's AcceleratorState names
 
 
 def test_one_process_runs_every_decorated_function():
