@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms import Join, Joinable
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
@@ -35,6 +36,7 @@ from .data import (
     DataLoaderConfiguration,
     LoopState,
     PreparedDataLoader,
+    ShardedBatchSampler,
     has_tensor,
     map_tensors,
     shard_dataloader,
@@ -216,6 +218,7 @@ class Accelerator(PartialState):
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[PreparedDataLoader] = []
         self._grads_pending = False  # gradients of a window that no optimizer step used yet
         self._engine: Any = None  # the DeepSpeed engine, once prepared
         self._trigger = torch.zeros((), device=self.device)  # set_trigger / check_trigger
@@ -303,7 +306,7 @@ class Accelerator(PartialState):
                 seed = utils.broadcast_object_list([torch.initial_seed()])[0]
                 config = dataclasses.replace(config, data_seed=seed)
             loader = shard_dataloader(obj, self.rank, self.num_processes, self._shared_seed, config)
-            return PreparedDataLoader(
+            prepared = PreparedDataLoader(
                 loader,
                 self.device,
                 self._loop,
@@ -311,6 +314,8 @@ class Accelerator(PartialState):
                 self.tracker.epoch_done,
                 non_blocking=config.non_blocking,
             )
+            self._dataloaders.append(prepared)
+            return prepared
         if isinstance(obj, LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau):
             scheduler = AcceleratedScheduler(obj, self)
             self._schedulers.append(scheduler)
@@ -434,6 +439,44 @@ class Accelerator(PartialState):
                 for model in models:
                     stack.enter_context(self.no_sync(model))
             yield
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None):
+        """Train or evaluate on batches that do not divide evenly among the ranks.
+
+        With ``even_batches=False`` (here, or in the ``DataLoaderConfiguration``) some ranks
+        run out of batches first; torch's ``Join`` lets the others finish: the ranks that are
+        done answer each all-reduce with zeros (so a late step's gradient is divided by all
+        the ranks) and DDP copies the final weights to every rank at the end. ``even_batches``
+        overrides the prepared loaders' setting inside the block. With even batches, or one
+        process, it does nothing.
+        """
+        if not self.use_distributed:
+            yield
+            return
+        samplers = [
+            d.loader.batch_sampler
+            for d in self._dataloaders
+            if isinstance(d.loader.batch_sampler, ShardedBatchSampler)
+        ]
+        saved = [s.even_batches for s in samplers]
+        if even_batches is not None:
+            for sampler in samplers:
+                sampler.even_batches = even_batches
+        uneven = not (self.dataloader_config.even_batches if even_batches is None else even_batches)
+        for joinable in joinables if uneven else ():
+            if not isinstance(joinable, Joinable):
+                raise TypeError(
+                    f"join_uneven_inputs joins what torch's Join can (a DDP model, "
+                    f"ZeroRedundancyOptimizer); got a {type(joinable).__name__}. FSDP and "
+                    "DeepSpeed need even batches: use DataLoaderConfiguration(even_batches=True)."
+                )
+        try:
+            with Join(joinables, enable=uneven, throw_on_early_termination=False):
+                yield
+        finally:
+            for sampler, value in zip(samplers, saved, strict=True):
+                sampler.even_batches = value
 
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:

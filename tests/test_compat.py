@@ -146,7 +146,7 @@ def test_partial_state_has_accelerates_process_names():
     accelerator = Accelerator(cpu=True, live=False)
     for name in names:  # case_state checks that Accelerate's PartialState has them too
         assert hasattr(state, name) and hasattr(accelerator, name), name
-    for name in ("set_trigger", "check_trigger", "trigger_sync_in_backward"):
+    for name in ("set_trigger", "check_trigger", "trigger_sync_in_backward", "join_uneven_inputs"):
         assert hasattr(accelerate.Accelerator, name) and hasattr(accelerator, name), name
     assert (state.num_processes, state.process_index, state.is_last_process) == (1, 0, True)
     assert state.distributed_type == accelerator.distributed_type == DistributedType.NO
@@ -461,6 +461,46 @@ def case_loader_config():
     return out
 
 
+def case_join_uneven_inputs():
+    """Uneven batches under join_uneven_inputs: no hang, and the weights of the rule."""
+    data = TensorDataset(torch.randn(10, 4, generator=torch.Generator().manual_seed(1)))
+    out = {}
+    for name, config, override in (
+        ("config", DataLoaderConfiguration(even_batches=False), None),
+        ("override", DataLoaderConfiguration(), False),
+    ):
+        accelerator = Accelerator(cpu=True, live=False, dataloader_config=config)
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer, loader = accelerator.prepare(
+            model, optimizer, DataLoader(data, batch_size=4)
+        )
+        with accelerator.join_uneven_inputs([model], even_batches=override):
+            batches = len(loader)
+            for (x,) in loader:
+                accelerator.backward(model(x).pow(2).mean())
+                optimizer.step()
+                optimizer.zero_grad()
+        out[name] = {
+            "batches": batches,
+            "after": len(loader),
+            "weight": accelerator.unwrap_model(model).weight.detach().clone(),
+        }
+    # plain PyTorch: step 1 averages both ranks' halves (samples 0-7); on step 2 rank 1 has
+    # joined and answers the all-reduce with zeros, so samples 8-9 count half
+    torch.manual_seed(0)
+    plain = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(plain.parameters(), lr=0.1)
+    x = data.tensors[0]
+    for batch, weight in ((x[:8], 1.0), (x[8:], 0.5)):
+        (plain(batch).pow(2).mean() * weight).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    out["plain"] = plain.weight.detach().clone()
+    return out
+
+
 CASES = {
     "schedules": schedules,
     "gather mismatch": case_gather_mismatch,
@@ -470,6 +510,7 @@ CASES = {
     "trigger_sync_in_backward": case_trigger_sync_in_backward,
     "sync_each_batch": case_sync_each_batch,
     "loader config": case_loader_config,
+    "join_uneven_inputs": case_join_uneven_inputs,
 }
 
 
@@ -589,6 +630,16 @@ def test_prepared_loader_batches_equal_accelerates(two_ranks):
         assert result["nbaccel"] == result["accelerate"]
     rank0, rank1 = (result["unseeded"] for result in case(two_ranks, "loader config"))
     assert len(rank0 + rank1) == 24 and set(rank0 + rank1) == set(range(22))  # 2 top-ups
+
+
+@multiprocess
+def test_join_uneven_inputs_lets_every_rank_finish_uneven_batches(two_ranks):
+    rank0, rank1 = case(two_ranks, "join_uneven_inputs")
+    for name in ("config", "override"):
+        assert (rank0[name]["batches"], rank1[name]["batches"]) == (2, 1)  # uneven, no hang
+        for rank in (rank0, rank1):  # the same final weights on both ranks
+            torch.testing.assert_close(rank[name]["weight"], rank["plain"], atol=1e-6, rtol=0)
+    assert rank1["override"]["after"] == 2  # the loader's own setting is back after the block
 
 
 def _equal(a, b) -> bool:
