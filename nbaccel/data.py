@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 
@@ -328,6 +328,10 @@ def shard_dataloader(
     when there is nothing to change (one process, no seeded shuffle; a DistributedSampler)."""
     config = config or DataLoaderConfiguration()
     batches = loader.batch_sampler
+    # DataLoader(sampler=BatchSampler(...), batch_size=None): the sampler yields whole batches
+    as_sampler = batches is None and isinstance(loader.sampler, BatchSampler)
+    if as_sampler:
+        batches = loader.sampler
     sampler = getattr(batches, "sampler", None)
     if config.split_batches and not isinstance(loader.dataset, IterableDataset):
         _check_split(_fixed_batch_size(batches), world_size, batches)  # on one process too
@@ -337,7 +341,7 @@ def shard_dataloader(
         sampler = SeedableRandomSampler(sampler, seed)
         batches.sampler = sampler  # type: ignore[union-attr]
         if world_size == 1:
-            return _with_batch_sampler(loader, batches)
+            return _with_batch_sampler(loader, batches, as_sampler)
     if world_size == 1 or isinstance(sampler, DistributedSampler):
         return loader  # nothing to split, or the user already split it
     if isinstance(loader.dataset, IterableDataset):
@@ -361,13 +365,14 @@ def shard_dataloader(
         even_batches=config.even_batches,
         shared_seed=shared_seed,
     )
-    return _with_batch_sampler(loader, sharded)
+    return _with_batch_sampler(loader, sharded, as_sampler)
 
 
-def _with_batch_sampler(loader: DataLoader, batch_sampler: Any) -> DataLoader:
+def _with_batch_sampler(loader: DataLoader, batch_sampler: Any, as_sampler: bool) -> DataLoader:
+    where = {"sampler": batch_sampler, "batch_size": None} if as_sampler else {}
     return DataLoader(
         loader.dataset,
-        batch_sampler=batch_sampler,
+        **(where or {"batch_sampler": batch_sampler}),
         num_workers=loader.num_workers,
         collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory,
