@@ -221,7 +221,7 @@ class Accelerator(PartialState):
         self._dataloaders: list[PreparedDataLoader] = []
         self._grads_pending = False  # gradients of a window that no optimizer step used yet
         self._engine: Any = None  # the DeepSpeed engine, once prepared
-        self._trigger = torch.zeros((), device=self.device)  # set_trigger / check_trigger
+        self._triggered = False  # set_trigger since the last check_trigger
         self._unsynced: set[int] = set()  # ids of sharded models inside no_sync
 
     # -- where this process stands: PartialState's names, and these ---------------------------
@@ -576,13 +576,13 @@ class Accelerator(PartialState):
         Non-tensor data (lists of strings, say) is gathered as Python objects, as with
         ``use_gather_object=True``.
         """
-        data = input_data
         if not self.use_distributed:
-            return data
-        if has_tensor(data) and not use_gather_object:
-            gathered = self.gather(data)
+            return input_data
+        if has_tensor(input_data) and not use_gather_object:
+            gathered = self.gather(input_data)
         else:
-            gathered = utils.gather_object(data if isinstance(data, list | tuple) else [data])
+            listed = input_data if isinstance(input_data, list | tuple) else [input_data]
+            gathered = utils.gather_object(listed)
         remainder = self._loop.remainder
         if self._loop.end_of_dataloader and remainder is not None:
             gathered = map_tensors(gathered, lambda t: t[:remainder], lists=True)
@@ -602,13 +602,13 @@ class Accelerator(PartialState):
     # -- one rank stops everyone (early stopping, a NaN loss) -----------------------------------
     def set_trigger(self) -> None:
         """Raise this rank's flag; the next ``check_trigger`` on every rank sees it."""
-        self._trigger = torch.ones((), device=self.device)
+        self._triggered = True
 
     def check_trigger(self) -> bool:
         """True on every rank when any rank called ``set_trigger`` since the last check (the
         flags are then lowered). A collective: every rank must call it at the same point."""
-        flag = utils.reduce(self._trigger, "max")
-        self._trigger = torch.zeros((), device=self.device)
+        flag = utils.reduce(torch.tensor(float(self._triggered), device=self.device), "max")
+        self._triggered = False
         return bool(flag.item())
 
     def log(self, values: Mapping[str, Any], step: int | None = None) -> None:

@@ -420,14 +420,21 @@ class PreparedDataLoader:
         """Samples per batch on this rank (None: the batch sampler's batches vary in size)."""
         if self.loader.batch_size is not None:
             return self.loader.batch_size
-        return _fixed_batch_size(self.loader.batch_sampler)  # ShardedBatchSampler: this rank's
+        return _fixed_batch_size(self._batches)  # ShardedBatchSampler: this rank's
+
+    @property
+    def _batches(self) -> Any:
+        """What yields this rank's batches: the batch sampler, or a sampler that yields whole
+        batches itself (``DataLoader(sampler=BatchSampler(...), batch_size=None)``)."""
+        loader = self.loader
+        return loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle the next pass as epoch ``epoch``: tells the samplers that have ``set_epoch``
         (the seeded sampler, a ``DistributedSampler``), else the dataset if it has one."""
         self.epoch = epoch
         told = False
-        for sampler in _samplers(self.loader.batch_sampler):
+        for sampler in _samplers(self._batches):
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(epoch)
                 told = True
@@ -450,7 +457,7 @@ class PreparedDataLoader:
                 following = next(batches, _DONE)
                 if following is _DONE:  # the sampler is spent: it knows how the epoch ended
                     frame.end = True
-                    sharded = self.loader.batch_sampler
+                    sharded = self._batches
                     if isinstance(sharded, ShardedBatchSampler):
                         frame.remainder = sharded.remainder
                 if self.on_batch is not None:

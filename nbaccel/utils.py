@@ -15,6 +15,7 @@ The cost, measured beside the unchecked gather, is in ``benchmarks/results/colle
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -22,6 +23,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from . import data
 from .data import DataLoaderConfiguration, map_tensors
 from .env import DistEnv
 from .optim import GradientAccumulationPlugin
@@ -44,8 +46,12 @@ __all__ = [
 ]
 
 Reduction = Literal["sum", "mean", "max", "min"]
-_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM}
-_OPS |= {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "mean": dist.ReduceOp.SUM,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+}
 _DIMS = 8  # dimensions compared one by one; the rest are compared by their product
 
 
@@ -58,7 +64,7 @@ def _shapes(tensor: torch.Tensor) -> list[tuple[tuple[int, ...], str]]:
     """Every rank's (shape, dtype) of ``tensor``, in rank order: one small all_gather."""
     dims = list(tensor.shape)
     if len(dims) > _DIMS:  # keep the message fixed-size: fold the trailing dimensions
-        dims = [*dims[: _DIMS - 1], int(torch.tensor(dims[_DIMS - 1 :]).prod())]
+        dims = [*dims[: _DIMS - 1], math.prod(dims[_DIMS - 1 :])]
     code = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else len(_DTYPES)
     row = [tensor.dim(), code, *dims, *[-1] * (_DIMS - len(dims))]
     mine = torch.tensor(row, dtype=torch.int64, device=tensor.device)
@@ -214,7 +220,7 @@ def send_to_device(
         )
     if skip and isinstance(tensor, list | tuple) and not hasattr(tensor, "_fields"):
         return type(tensor)(send_to_device(v, device, non_blocking, skip_keys) for v in tensor)
-    return map_tensors(tensor, lambda t: t.to(device, non_blocking=non_blocking))
+    return data.send_to_device(tensor, device, non_blocking)
 
 
 # -- randomness ------------------------------------------------------------------------------

@@ -228,6 +228,8 @@ def test_remainder_counts_the_real_samples_of_a_topped_up_step(accelerate_prepar
         if even and n < 23
     ]
     cases.append((DataLoader(range(14), batch_sampler=Batches([[0, 1, 2], [3], [4, 5]])), 2, False))
+    as_sampler = BatchSampler(range(5), 2, drop_last=False)  # a sampler that yields batches
+    cases.append((DataLoader(torch.arange(5), sampler=as_sampler, batch_size=None), 2, False))
     for loader, world_size, split in cases:
         config = DataLoaderConfiguration(split_batches=split)
         steps, remainders = [], set()
@@ -244,7 +246,7 @@ def test_remainder_counts_the_real_samples_of_a_topped_up_step(accelerate_prepar
         gathered = [[i for rank in step for i in rank] for step in zip(*steps, strict=True)]
         if remainder is not None:
             gathered[-1] = gathered[-1][:remainder]
-        expected = [i for batch in loader.batch_sampler for i in batch]
+        expected = [i for batch in (loader.batch_sampler or loader.sampler) for i in batch]
         if loader.drop_last:
             expected = expected[: len(gathered) * len(gathered[0])]
         assert [i for step in gathered for i in step] == expected, (len(expected), world_size)
