@@ -19,6 +19,7 @@ lesson reaches both editions.
     python -m nbaccel.lessons.edition build            # every lesson with a translation
     python -m nbaccel.lessons.edition check            # what is missing or out of date
     python -m nbaccel.lessons.edition skeleton LESSON  # a translation file to fill in
+    python -m nbaccel.lessons.edition renumber LESSON  # markers follow cells added above
 """
 
 from __future__ import annotations
@@ -176,6 +177,45 @@ def skeleton(lesson: Path) -> str:
     )
 
 
+def renumber(lesson: Path, folder: Path = ARABIC) -> list[str]:
+    """Move each marker to where its English cell now is, after cells were added or removed
+    above it: a section follows the one English Markdown cell whose text has its hash, and an
+    Arabic-only section moves with the section before it. Rewrites the translation file and
+    returns what moved; a section whose text changed in English stays stale, for ``check``."""
+    import nbformat
+
+    english = nbformat.read(lesson, as_version=4)
+    where: dict[str, list[int]] = {}
+    for index, cell in enumerate(english.cells):
+        if cell.cell_type == "markdown":
+            where.setdefault(digest(cell.source), []).append(index)
+    path = folder / "text" / f"{lesson.stem}.md"
+    text = path.read_text(encoding="utf-8")
+    moved, shift, out, last = [], 0, [], 0
+    for match, following in zip(
+        matches := list(MARKER.finditer(text)), [*matches[1:], None], strict=False
+    ):
+        out.append(text[last : match.start()])
+        last = match.end()
+        if match[1] is not None:
+            old, found = int(match[1]), where.get(match[2], [])
+            new = found[0] if len(found) == 1 else old
+            shift = new - old
+            out.append(f"<!-- cell {new}, English {match[2]} -->")
+        else:
+            old = int(match[3])
+            new = old + shift
+            out.append(f"<!-- after cell {new} -->")
+        if new != old:
+            moved.append(f"cell {old} -> {new}")
+    out.append(text[last:])
+    if moved:
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_text("".join(out), encoding="utf-8")
+        os.replace(partial, path)
+    return moved
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nbaccel.lessons.edition")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -183,7 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("check", help="list translations missing or out of date")
     make = sub.add_parser("skeleton", help="print a translation file to fill in")
     make.add_argument("lesson", help="e.g. 04_accelerate")
+    move = sub.add_parser("renumber", help="move markers to where their English cells now are")
+    move.add_argument("lesson", help="e.g. 04_accelerate")
     args = parser.parse_args(argv)
+    if args.command == "renumber":
+        lesson = NOTEBOOKS / f"{Path(args.lesson).stem}.ipynb"
+        print("\n".join(renumber(lesson)) or f"{lesson.name}: nothing moved")
+        return 0
     if args.command == "skeleton":
         print(skeleton(NOTEBOOKS / f"{Path(args.lesson).stem}.ipynb"), end="")
         return 0
