@@ -214,6 +214,8 @@ class Accelerator(PartialState):
         self.tracker = Tracker(live=live, memory=memory)
         self._total_steps: int | None = None
         self.run: Run | None = self.tracker.run
+        if self.run is not None and self.run.device is None:  # a launcher's run says it already
+            self.run.device = {"cpu": "CPU", "cuda": "GPU"}.get(self.device.type, self.device.type)
         self._loop = LoopState()
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []

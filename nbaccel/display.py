@@ -43,7 +43,7 @@ def loss_name(run: Run) -> str | None:
 
 
 def progress(run: Run, total_steps: int | None = None, now: float | None = None) -> str:
-    """``step 120/400 | 2 ranks | 1,830 samples/s | 35 ms/step | loss 0.412 | 12 s, ETA 30 s``.
+    """``step 120/400 | 2 ranks on CPU | 1,830 samples/s | 35 ms/step | loss 0.41 | 12 s, ETA 3 s``.
 
     Reads only each rank's latest records, so it costs the same however long the run is. The
     clock of a run still going reads ``now`` (default: the wall clock, as the records do).
@@ -56,7 +56,8 @@ def progress(run: Run, total_steps: int | None = None, now: float | None = None)
         step = max(run.latest_step(name).values()) + 1
     if step is not None:
         parts.append(f"step {step}" + (f"/{total_steps}" if total_steps else ""))
-    parts.append(run.label or f"{run.world_size} rank{'s' if run.world_size > 1 else ''}")
+    ranks = run.label or f"{run.world_size} rank{'s' if run.world_size > 1 else ''}"
+    parts.append(f"{ranks} on {run.device}" if run.device else ranks)
     rates = run.latest_rate(SAMPLES)
     if rates:
         parts.append(f"{sum(rates.values()):,.0f} samples/s")

@@ -217,6 +217,7 @@ def notebook_launcher(
 
     run = run if run is not None else Run()
     run.world_size = world_size
+    run.device = "GPU" if gpus else "CPU"  # what the workers' Accelerator picks
     with _launch_slot():
         if in_process:  # here, in this process; its Accelerator draws its own view
             with rendezvous() as port:
@@ -246,7 +247,7 @@ def _attempts(max_restarts: int, rendezvous, start, run: Run) -> list[Any]:
     attempt, attempts, earlier = 0, max_restarts + 1, []
     while True:
         if attempt:  # the Run starts over with the workers: records from step 0 again
-            run.__dict__.update(Run(world_size=run.world_size, label=run.label).__dict__)
+            run.reset()
         with rendezvous() as port:  # a new store for every attempt: nothing stale in it
             run.started = time.time()
             launch = start(port, attempt)

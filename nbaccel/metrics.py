@@ -149,6 +149,7 @@ class Run:
     dropped: dict[int, int] = field(default_factory=dict)
     world_size: int = 1
     label: str | None = None  # how the progress line names the ranks, e.g. "rank 0 of 2"
+    device: str | None = None  # what they train on, for the progress line: "CPU", "GPU"
     started: float = field(default_factory=time.time)
     finished: float | None = None
 
@@ -157,6 +158,12 @@ class Run:
         # so the live view's five-times-a-second progress line costs the same at any length.
         self._index: dict[tuple[str, int], list[Record]] = {}
         self._indexed = 0
+
+    def reset(self) -> None:
+        """Forget what was recorded (a restarted launch records from step 0 again); keep what
+        the launch is: its world size, label and device."""
+        kept = {"world_size": self.world_size, "label": self.label, "device": self.device}
+        self.__dict__.update(Run(**kept).__dict__)
 
     def add(self, records: list[Record]) -> None:
         self.records += records

@@ -149,6 +149,8 @@ def test_progress_reads_like_a_sentence():
     line = progress(run, total_steps=40, now=5002.0)
     assert line.startswith("step 19/40 | 2 ranks | 640 samples/s | 100 ms/step | loss ")
     assert line.endswith(" | 2 s, ETA 2 s")  # 19 steps in 2 s, 21 to go
+    run.device = "CPU"  # a launch says what its ranks train on
+    assert progress(run, total_steps=40, now=5002.0).startswith("step 19/40 | 2 ranks on CPU |")
 
 
 def test_a_terminal_gets_one_line_rewritten_then_ended():

@@ -141,6 +141,9 @@ def test_the_channel_reads_its_descriptor_from_the_environment(monkeypatch, pair
     os.fstat(fd)  # the launcher's descriptor is still open
 
 
+DEVICE = "GPU" if torch.cuda.is_available() else "CPU"  # what a launch's workers train on
+
+
 def test_a_one_process_launch_records_into_the_callers_run():
     from nbaccel import Run, notebook_launcher
 
@@ -152,6 +155,7 @@ def test_a_one_process_launch_records_into_the_callers_run():
     run = Run()
     inner = notebook_launcher(train, num_processes=1, run=run)
     assert inner is run and run.series("loss") == {0: ([0], [0.5])} and run.results == {0: run}
+    assert progress(run).startswith(f"step 1 | 1 rank on {DEVICE} |")
 
 
 def test_counters_are_current_at_the_end_of_each_epoch_without_end_training():
@@ -194,6 +198,7 @@ def test_a_plain_loop_in_launched_workers_reaches_the_notebook():
     notebook_launcher(work, num_processes=2, run=run, timeout=120)
     assert run.series("loss") == {r: ([0, 1, 2], [0.0, 1.0, 2.0]) for r in (0, 1)}
     assert run.latest(SAMPLES) == {0: 12.0, 1: 12.0}
+    assert progress(run).startswith(f"step 3 | 2 ranks on {DEVICE} |")
 
 
 def test_total_steps_counts_batches_and_the_line_counts_optimizer_steps():
