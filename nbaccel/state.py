@@ -14,9 +14,11 @@ it leaves it in ``destroy_process_group()`` (the Accelerator's ``end_training``)
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import enum
 import functools
+import gc
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -76,6 +78,8 @@ class PartialState:
                 backend_for(self.device), rank=self.env.rank, world_size=self.env.world_size
             )
             self._owns_process_group = True
+            atexit.unregister(_free_before_exit)  # once, however many joined
+            atexit.register(_free_before_exit)
 
     # -- the facts (PyTorch's names, and Accelerate's) ------------------------------------------
     @property
@@ -220,6 +224,14 @@ class PartialState:
             f"process_index={self.process_index}, num_processes={self.num_processes}, "
             f"device={self.device})"
         )
+
+
+def _free_before_exit() -> None:
+    """Free what reference cycles still hold (an Accelerator and its prepared objects: a DDP
+    model keeps its gloo group alive) while the interpreter is whole. Left to the interpreter's
+    own teardown, a gloo group freed there can abort the process after training succeeded
+    ("terminate called without an active exception")."""
+    gc.collect()
 
 
 def _index(index: Any, what: str) -> int:
