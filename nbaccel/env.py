@@ -83,6 +83,19 @@ class DistEnv:
             )
 
 
+def accelerate_defaults(gpus: int, mixed_precision: str) -> dict[str, str]:
+    """The launch's choices in Hugging Face Accelerate's own variables, so that a worker that
+    builds Accelerate's ``Accelerator`` (code ported by one import) makes the same ones: without
+    ``ACCELERATE_USE_CPU``, Accelerate's Accelerator in each of several CPU workers believes it
+    is alone (``DistributedType.NO``) and trains its own copy. A value the user set is kept."""
+    chosen = {}
+    if not gpus:
+        chosen["ACCELERATE_USE_CPU"] = os.environ.get("ACCELERATE_USE_CPU", "1")
+    if mixed_precision != "no":
+        chosen["ACCELERATE_MIXED_PRECISION"] = mixed_precision
+    return chosen
+
+
 def _int(environ: Mapping[str, str], name: str, default: int | object | None = ...) -> int:
     value = environ.get(name)
     if value is None:

@@ -64,6 +64,7 @@ from .env import (
     DEEPSPEED_VAR,
     FSDP_VAR,
     MIXED_PRECISION_VAR,
+    accelerate_defaults,
     threads_per_worker,
     visible_gpus,
 )
@@ -190,6 +191,7 @@ def notebook_launcher(
         "OMP_NUM_THREADS": str(threads),
         "TORCHELASTIC_USE_AGENT_STORE": "True",  # the store below is the rendezvous
     }
+    defaults.update(accelerate_defaults(gpus, mixed_precision))
     loopback = _loopback_interface() if num_nodes == 1 else None
     if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
         defaults["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too

@@ -43,6 +43,9 @@ accelerator = Accelerator()
 total = accelerator.reduce(torch.tensor([accelerator.rank + 1.0]))
 print(f"rank {accelerator.rank} of {accelerator.num_processes}: sum {total.item():.0f}, "
       f"{accelerator.mixed_precision} on {accelerator.device}, args {sys.argv[1:]}", flush=True)
+import os  # what Hugging Face Accelerate's Accelerator would read, were it built here
+print(f"rank {accelerator.rank}: accelerate cpu={os.environ.get('ACCELERATE_USE_CPU')} "
+      f"precision={os.environ.get('ACCELERATE_MIXED_PRECISION')}", flush=True)
 accelerator.end_training()
 """
 RANK_1_RAISES = """
@@ -89,6 +92,7 @@ def test_launch_runs_two_ranks_with_config_defaults_and_flags(tmp_path, config):
     for rank in (0, 1):  # 2 from the config; bf16 from the flag; -n after SCRIPT is the script's
         line = f"rank {rank} of 2: sum 3, bf16 on cpu, args ['--lr', '3', '-n', '5']"
         assert line in done.stdout, done.stdout
+        assert f"rank {rank}: accelerate cpu=1 precision=bf16" in done.stdout  # the same choices
 
 
 @pytest.mark.multiprocess

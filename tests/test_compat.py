@@ -650,3 +650,41 @@ def _equal(a, b) -> bool:
     if isinstance(a, list | tuple):
         return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
     return a == b
+
+
+def _accelerates_view(steps: int = 3):
+    """A worker that builds Hugging Face Accelerate's own Accelerator, as ported code does."""
+    from accelerate import Accelerator as Theirs
+
+    accelerator = Theirs()
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    torch.manual_seed(accelerator.process_index)  # a different batch on each rank
+    for _ in range(steps):
+        accelerator.backward(model(torch.randn(8, 4)).pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+    weights = accelerator.unwrap_model(model).weight.detach().clone()
+    return {
+        "rank": accelerator.process_index,
+        "processes": accelerator.num_processes,
+        "type": str(accelerator.distributed_type),
+        "precision": accelerator.mixed_precision,
+        "weights": weights,
+    }
+
+
+@pytest.mark.multiprocess
+def test_notebook_launcher_runs_accelerates_own_accelerator_on_cpu_workers():
+    """Launched on CPU workers, Accelerate's Accelerator joins them as one job (MULTI_CPU) and
+    takes the launch's precision: without Accelerate's own variables each worker thought it was
+    alone (DistributedType.NO) and trained its own copy."""
+    seen = nbaccel.notebook_launcher(
+        _accelerates_view, num_processes=2, cpu=True, mixed_precision="bf16", return_all=True
+    )
+    assert [s["rank"] for s in seen] == [0, 1]
+    assert {(s["processes"], s["type"], s["precision"]) for s in seen} == {
+        (2, "DistributedType.MULTI_CPU", "bf16")
+    }
+    torch.testing.assert_close(seen[0]["weights"], seen[1]["weights"], rtol=0, atol=0)  # DDP

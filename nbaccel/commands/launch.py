@@ -19,6 +19,7 @@ from ..env import (
     DEEPSPEED_VAR,
     FSDP_VAR,
     MIXED_PRECISION_VAR,
+    accelerate_defaults,
     threads_per_worker,
     visible_gpus,
 )
@@ -98,6 +99,7 @@ def launch_command(args: argparse.Namespace) -> int:
         FSDP_VAR: "1" if fsdp else "0",
         DEEPSPEED_VAR: "" if zero_stage is None else str(zero_stage),
     }
+    env.update(accelerate_defaults(gpus, env[MIXED_PRECISION_VAR]))
     if args.save_panel:
         env[PANEL_VAR] = os.path.abspath(args.save_panel)
     env["OMP_NUM_THREADS"] = str(threads_per_worker(nproc, env))  # the user's choice wins
