@@ -3,11 +3,25 @@
 >>> result = measure_scaling(train, counts=(1, 2), cpu=True)   # doctest: +SKIP
 >>> result            # in a notebook: the table and the figure
 
-Throughput is each rank's samples per second between its first and last counter record (the
-prepared DataLoader counts them), so process start-up and the first batch's warm-up are left
-out; the total is the sum over ranks. Scaling efficiency is ``total(N) / (N * total(1))``:
-1.0 is perfect, and on a 2-core CPU two workers also halve each worker's threads, so CPU
-efficiency says more about the machine than about DDP.
+Every number comes from one measurement per launch, the samples counter that the prepared
+DataLoader keeps on each rank (it counts a batch as it hands it to the loop, and the counter is
+recorded at its first batch, about every quarter second, and at the end of each epoch). The
+launch's clock splits at the first and the last of those records (``Timing``):
+
+* **start-up**: from the launch to the first batch handed out on any rank: starting workers,
+  imports, the process group, building and preparing the model;
+* **training**: from there to the last record on any rank, so it starts with the first
+  training step (whose one-time costs it includes) and ends with the last epoch;
+* **finish**: ``end_training``, the workers' exit and their results coming back.
+
+The three add up to the wall clock of the launch. Throughput is the samples every rank trained
+in the training window, summed, over the training seconds; scaling efficiency is
+``throughput(N) / (N * throughput(1))``: 1.0 is perfect. On a 2-core CPU two workers also halve
+each worker's threads, so CPU efficiency says more about the machine than about DDP.
+
+The live progress line shows something else: the rate between each rank's last two counter
+records (a quarter second or less), summed, and the wall clock. ``Scaling.live_rate`` recomputes
+that last rate from the same records.
 """
 
 from __future__ import annotations
@@ -16,7 +30,45 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .metrics import SAMPLES, Run
+from .metrics import SAMPLES, Record, Run
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One launch's clock split at its first and last samples-counter record (seconds), and the
+    samples each rank trained in between."""
+
+    startup: float  # launch -> the first batch handed out on any rank
+    training: float  # -> the last counter record on any rank
+    finish: float  # -> the results back in the launching process
+    wall: float  # the launch, end to end, read from its own two timestamps
+    samples: dict[int, float]  # per rank: every sample handed out from its first record on
+
+    @property
+    def samples_per_s(self) -> float:
+        """All ranks' samples over the training seconds: the launch's throughput."""
+        return sum(self.samples.values()) / self.training if self.training > 0 else 0.0
+
+
+def timing(run: Run) -> Timing:
+    """Split ``run``'s clock at the first and last samples-counter record of any rank.
+
+    A prepared DataLoader's counter is first recorded as it hands out the first batch, with
+    that batch counted, so the samples from that record on are exactly the ones trained in the
+    window. (The records and ``run.started`` both read ``time.time()`` on this machine.)"""
+    first: dict[int, Record] = {}
+    last: dict[int, Record] = {}
+    for r in run.records:
+        if r.name == SAMPLES:
+            first.setdefault(r.rank, r)
+            last[r.rank] = r
+    end = run.finished if run.finished is not None else run.started
+    if not first:
+        return Timing(end - run.started, 0.0, 0.0, end - run.started, {})
+    begin = min(r.time for r in first.values())
+    stop = max(r.time for r in last.values())
+    samples = {rank: last[rank].value for rank in sorted(first)}
+    return Timing(begin - run.started, stop - begin, end - stop, end - run.started, samples)
 
 
 @dataclass
@@ -25,46 +77,63 @@ class Scaling:
 
     runs: dict[int, Run] = field(default_factory=dict)
 
+    def timing(self, n: int) -> Timing:
+        """Start-up, training and finish seconds of the run with ``n`` processes."""
+        return timing(self.runs[n])
+
     def throughput(self, n: int) -> float:
-        """Total samples/s over the ranks of the run with ``n`` processes."""
-        first: dict[int, tuple[float, float]] = {}
-        last: dict[int, tuple[float, float]] = {}
-        for r in self.runs[n].records:
-            if r.name == SAMPLES:
-                first.setdefault(r.rank, (r.time, r.value))
-                last[r.rank] = (r.time, r.value)
-        total = 0.0
-        for rank, (t0, v0) in first.items():
-            t1, v1 = last[rank]
-            total += (v1 - v0) / (t1 - t0) if t1 > t0 else 0.0
-        return total
+        """Samples/s of the run with ``n`` processes: all ranks' samples over its training
+        seconds (start-up and finish left out)."""
+        return self.timing(n).samples_per_s
+
+    def live_rate(self, n: int) -> float:
+        """What the live progress line showed last: each rank's rate between its last two
+        counter records (a quarter second or less), summed. A recent window, not the run."""
+        return sum(self.runs[n].latest_rate(SAMPLES).values())
 
     def rows(self) -> list[dict[str, float]]:
-        base = self.throughput(min(self.runs)) / min(self.runs) if self.runs else 0.0
+        """One dict per process count: ``processes``, ``samples``, ``startup_s``,
+        ``training_s``, ``finish_s``, ``seconds`` (the wall clock), ``samples_per_s``
+        (= samples / training_s) and ``efficiency`` (= samples_per_s / (processes x the
+        smallest count's samples_per_s per process))."""
+        if not self.runs:
+            return []
+        base = self.throughput(min(self.runs)) / min(self.runs)
         rows = []
-        for n, run in sorted(self.runs.items()):
-            speed = self.throughput(n)
+        for n in sorted(self.runs):
+            t = self.timing(n)
+            speed = t.samples_per_s
             rows.append(
                 {
                     "processes": n,
+                    "samples": sum(t.samples.values()),
+                    "startup_s": t.startup,
+                    "training_s": t.training,
+                    "finish_s": t.finish,
+                    "seconds": t.wall,
                     "samples_per_s": speed,
                     "efficiency": speed / (n * base) if base else float("nan"),
-                    "seconds": (run.finished or run.started) - run.started,
                 }
             )
         return rows
 
     def table(self) -> str:
-        lines = ["| processes | samples/s | efficiency | wall-clock s |", "|---:|---:|---:|---:|"]
+        lines = [
+            "| processes | samples | start-up s | training s | finish s | wall s | samples/s "
+            "| efficiency |",
+            "|---:" * 8 + "|",
+        ]
         lines += [
-            f"| {r['processes']} | {r['samples_per_s']:,.0f} | {r['efficiency']:.2f} | "
-            f"{r['seconds']:.1f} |"
+            f"| {r['processes']} | {r['samples']:,.0f} | {r['startup_s']:.2f} | "
+            f"{r['training_s']:.2f} | {r['finish_s']:.2f} | {r['seconds']:.2f} | "
+            f"{r['samples_per_s']:,.0f} | {r['efficiency']:.2f} |"
             for r in self.rows()
         ]
         return "\n".join(lines)
 
     def figure(self):
-        """Throughput (with the ideal line), efficiency, and loss against wall-clock time."""
+        """Throughput (with the ideal line), efficiency, and loss against the seconds since
+        each run's first training step (start-up left out, as in the table)."""
         from matplotlib.figure import Figure
 
         from .display import loss_name
@@ -88,11 +157,12 @@ class Scaling:
         for n, run in sorted(self.runs.items()):
             name = loss_name(run)
             if name:
+                begin = run.started + self.timing(n).startup  # the first training step
                 by_step = {r.step: r.time for r in run.records if r.name == name}
                 steps, values = run.mean(name)
-                loss_ax.plot([by_step[s] - run.started for s in steps], values, label=f"{n} proc")
+                loss_ax.plot([by_step[s] - begin for s in steps], values, label=f"{n} proc")
                 loss_ax.set(ylabel=name)
-        loss_ax.set(xlabel="wall-clock seconds", title="loss")
+        loss_ax.set(xlabel="seconds since the first training step", title="loss")
         if loss_ax.lines:
             loss_ax.legend(fontsize=8)
         return fig

@@ -50,6 +50,12 @@ def test_one_and_two_processes(tmp_path):
     assert rows[1]["efficiency"] == pytest.approx(
         rows[1]["samples_per_s"] / (2 * rows[0]["samples_per_s"])
     )
+    for r in rows:  # one measurement: the clock splits into parts, throughput is its ratio
+        assert r["startup_s"] > 0 and r["training_s"] > 0 and r["finish_s"] >= 0
+        assert r["startup_s"] + r["training_s"] + r["finish_s"] == pytest.approx(r["seconds"])
+        assert r["samples_per_s"] == pytest.approx(r["samples"] / r["training_s"])
+    # every sample of the 61 steps of 32 is counted, on each rank: 32 x 61 per process
+    assert [r["samples"] for r in rows] == [32 * 61, 2 * 32 * 61]
     assert result.runs[2].world_size == 2 and len(result.runs[2].series("loss")) == 2
     assert len(result.figure().axes) == 3
     assert result.table().splitlines()[2].startswith("| 1 | ")
@@ -85,7 +91,7 @@ def test_the_cli_prints_the_table_and_saves_the_figure(tmp_path):
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "| processes | samples/s | efficiency | wall-clock s |" in out.stdout
+    assert "| processes | samples | start-up s | training s | finish s | wall s |" in out.stdout
     assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -126,3 +132,37 @@ def test_a_notebook_shows_the_table_and_the_figure(monkeypatch):
     Scaling(runs={1: run})._ipython_display_()
     assert [type(x).__name__ for x in shown] == ["Markdown", "Image"]
     assert shown[0].data.startswith("| processes |") and shown[1].data[:4] == b"\x89PNG"
+
+
+def counters(rank: int, times_values: list[tuple[float, float]]) -> list[Record]:
+    return [Record(rank, i, t, SAMPLES, v) for i, (t, v) in enumerate(times_values)]
+
+
+def test_the_clock_splits_at_the_first_and_last_counter_record():
+    run = Run(world_size=2, started=100.0, finished=110.0)
+    # rank 0 hands out its first batch (32 samples) at 103 s, rank 1 at 103.5 s; the last
+    # records come at 108 and 109 s
+    run.add(counters(0, [(103.0, 32.0), (105.0, 320.0), (108.0, 640.0)]))
+    run.add(counters(1, [(103.5, 32.0), (109.0, 640.0)]))
+    run.add([Record(0, 0, 104.0, "loss", 1.0)])  # other metrics do not move the clock
+    t = Scaling(runs={2: run}).timing(2)
+    assert (t.startup, t.training, t.finish, t.wall) == (3.0, 6.0, 1.0, 10.0)
+    assert t.samples == {0: 640.0, 1: 640.0}  # the first batch's samples included
+    assert t.samples_per_s == 1280.0 / 6.0
+    row = Scaling(runs={2: run}).rows()[0]
+    assert row["samples_per_s"] == t.samples_per_s and row["seconds"] == 10.0
+    assert row["efficiency"] == pytest.approx(1.0)  # the smallest count is the baseline
+
+
+def test_the_live_rate_is_the_last_interval_not_the_run():
+    run = Run(world_size=1, started=0.0, finished=3.0)
+    run.add(counters(0, [(1.0, 32.0), (2.0, 1032.0), (2.1, 1132.0)]))
+    scaling = Scaling(runs={1: run})
+    assert scaling.live_rate(1) == pytest.approx(100 / 0.1)  # the last 0.1 s
+    assert scaling.throughput(1) == pytest.approx(1132.0 / 1.1)  # the whole training window
+
+
+def test_a_run_without_counters_has_only_start_up():
+    run = Run(world_size=1, started=5.0, finished=7.0)
+    t = Scaling(runs={1: run}).timing(1)
+    assert (t.startup, t.training, t.wall, t.samples_per_s) == (2.0, 0.0, 2.0, 0.0)

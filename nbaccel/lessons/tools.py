@@ -4,8 +4,10 @@ package that a section needs."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Dataset
@@ -145,3 +147,67 @@ def needs(module: str, skipped: str, package: str | None = None) -> bool:
         f"!{sys.executable} -m pip install {package or module}, then restart the kernel."
     )
     return False
+
+
+@contextlib.contextmanager
+def cpu_broadcast() -> Iterator[None]:
+    """Inside this block, ``torch.nn.parallel.replicate(module, [0, 1, ...])`` works on a CPU
+    module: torch's own ``replicate`` runs, with only its one CUDA-only step replaced.
+
+    ``replicate`` (what ``nn.DataParallel`` calls at every forward) does three things:
+
+    1. broadcasts the parameters to every device (``Broadcast``, an autograd function built on
+       ``torch.cuda.comm.broadcast_coalesced``): the first device keeps the module's own tensors,
+       each other device gets a copy, and the backward sums the copies' gradients;
+    2. broadcasts the buffers the same way (detached, unless a buffer requires grad);
+    3. makes a *shallow* copy of every submodule for each replica
+       (``Module._replicate_for_data_parallel``: a new object sharing the original's attributes,
+       with its own dicts of children, parameters and buffers) and sets the broadcast tensors on
+       them as plain attributes.
+
+    ``Broadcast`` refuses CPU tensors, so in this block steps 1 and 2 are done by ``clone()``
+    (a differentiable copy, whose backward also sums) for every replica but the first, which
+    keeps the module's tensors as on a GPU. Step 3 and the wiring are torch's code, unchanged.
+    What a GPU adds, copying the bytes over PCIe or NVLink, is not in it.
+    """
+    from unittest import mock
+
+    replicate_module = sys.modules["torch.nn.parallel.replicate"]
+
+    def broadcast(tensors, devices, detach=False):
+        def copy(tensor: torch.Tensor, first: bool) -> torch.Tensor:
+            tensor = tensor.detach() if detach else tensor
+            return tensor.view_as(tensor) if first else tensor.clone()
+
+        return [[copy(t, first=j == 0) for t in tensors] for j in range(len(devices))]
+
+    with mock.patch.object(replicate_module, "_broadcast_coalesced_reshape", broadcast):
+        yield
+
+
+def ring_all_reduce_steps(chunks: list[list], add=None) -> tuple[list[list[list]], list[list]]:
+    """Lesson 2's ring all-reduce, simulated in one process, step by step.
+
+    ``chunks[r][c]`` is rank r's chunk c (N ranks, N chunks each: tensors, numbers, or anything
+    ``add`` combines; default ``+``). At reduce-scatter step s, rank r sends its chunk
+    (r - s) mod N to rank r + 1, which adds it into its own; at all-gather step s, rank r sends
+    chunk (r + 1 - s) mod N, which the receiver copies. Returns ``(states, sends)``: the ranks'
+    chunks at the start and after each of the 2(N - 1) steps, and for each step the
+    ``(sender, receiver, chunk)`` triples.
+    """
+    import operator
+
+    add = add or operator.add
+    n = len(chunks)
+    states, sends = [[list(row) for row in chunks]], []
+    for phase in ("reduce-scatter", "all-gather"):
+        for step in range(n - 1):
+            state = [list(row) for row in states[-1]]
+            offset = 0 if phase == "reduce-scatter" else 1
+            moves = [(r, (r + 1) % n, (r + offset - step) % n) for r in range(n)]
+            for src, dst, c in moves:  # every rank sends at once: read the state before the step
+                sent = states[-1][src][c]
+                state[dst][c] = add(states[-1][dst][c], sent) if offset == 0 else sent
+            states.append(state)
+            sends.append(moves)
+    return states, sends
