@@ -12,7 +12,7 @@ from nbaccel.lessons import edition, runner
 
 LESSONS = runner.lessons()
 GLOSSARY = {  # the course's own terms (issue 8), each listed in notebooks/ar/README.md
-    "التدريب غير المعتمد على الجهاز": "device-agnostic training",
+    "التدريب المستقل عن الجهاز": "device-agnostic training",
     "تراكم التدرجات": "gradient accumulation",
     "الدقة المختلطة": "mixed precision",
     "تحجيم التدرجات": "gradient scaling",
@@ -98,6 +98,82 @@ def test_code_inside_arabic_text_stays_left_to_right():
     assert f"{edition.LRI}`loss.backward()`{edition.PDI}" in html
     assert '\n<div dir="ltr">\n\n```bash\nmake lessons  # `x`\n```\n\n</div>\n\n' in html
     assert html.count(edition.LRI) == 1  # nothing inside the fenced block is touched
+
+
+def shown(html: str) -> str:
+    return html.replace(edition.LRI, "⟨").replace(edition.PDI, "⟩")
+
+
+@pytest.mark.parametrize(
+    ("text", "isolated"),
+    [
+        ("يرسل كل رتبة 2(N−1)/N × S بايت.", "⟨2(N−1)/N × S⟩"),  # else "N × S/(N−1)2"
+        ("تنتقل القطعة (r−s) mod N.", "⟨(r−s) mod N⟩"),  # else "mod N (r−s)"
+        ("لكل عملية (2 + 2 + 12) / N من Ψ.", "⟨(2 + 2 + 12) / N⟩"),  # else its inverse
+        ("أي 2Ψ + 2Ψ + 12Ψ بايت", "⟨2Ψ + 2Ψ + 12Ψ⟩"),
+        ("**4 × 8 = 32** عينة", "**⟨4 × 8 = 32⟩**"),  # inside emphasis, which still parses
+        ("المعادلة $2\\Psi + 12\\Psi$ هنا", "⟨$2\\Psi + 12\\Psi$⟩"),
+    ],
+)
+def test_formulas_in_arabic_prose_stay_left_to_right(text, isolated):
+    """The bidi algorithm reorders a formula's parts inside a right-to-left paragraph; the
+    build puts each formula, and inline math, in a left-to-right isolate."""
+    assert isolated in shown(edition.right_to_left(text))
+
+
+def test_isolating_formulas_leaves_markdown_and_plain_words_alone():
+    text = "راجع [التوثيق](https://pytorch.org/docs/a/b.html) و<b>ZeRO-3</b> و(GPU) و0.5 و N-1."
+    assert edition.right_to_left(text) == f"{edition.OPEN}{text}{edition.CLOSE}"
+    twice = edition.right_to_left("2(N−1)/N × S و `f(x)`")
+    assert edition.left_to_right_spans(twice) == twice  # an isolate is never isolated again
+
+
+@pytest.mark.parametrize("english", LESSONS, ids=lambda p: p.stem)
+def test_no_formula_in_a_committed_arabic_lesson_is_left_to_the_bidi_algorithm(english):
+    for cell in read(edition.ARABIC / english.name).cells:
+        if cell.cell_type == "markdown":
+            bare = edition.prose(cell.source)  # what is outside code, math and isolates
+            assert edition._isolate_formulas(bare) == bare, cell.source[:300]
+
+
+def test_the_build_refuses_a_rendering_the_glossary_rules_out():
+    terms = edition.glossary()
+    assert edition.wording("الكمون (latency) هنا، ثم الكمون", terms) == []
+    assert edition.wording("استدعِ `tensor.to()` على الموتر", terms) == []  # code is not prose
+    (problem,) = edition.wording("زمن انتظار الرابط", terms)
+    assert "«زمن انتظار»" in problem and "«الكمون»" in problem
+    (problem,) = edition.wording("نجمع الـ gradient accumulation هنا", terms)
+    assert "«تراكم التدرجات»" in problem and "in parentheses" in problem
+    (problem,) = edition.wording("$\\text{mean loss over all}$", terms)
+    assert "English inside a formula" in problem
+    english = read(runner.NOTEBOOKS / runner.FLAGSHIP)
+    sections = edition.parse((edition.TEXT / "04_accelerate.md").read_text(encoding="utf-8"))
+    sections[1].text += "\nوهذه دفعة صغيرة."
+    with pytest.raises(edition.Stale, match=rf"cell {sections[1].cell}: «دفعة صغيرة»"):
+        edition.translate(english, sections, "04")
+
+
+def test_renumber_moves_each_marker_to_where_its_cell_went(tmp_path):
+    english = read(runner.NOTEBOOKS / runner.FLAGSHIP)
+    english.cells[1:1] = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("y")]
+    (tmp_path / runner.FLAGSHIP).write_text(nbformat.writes(english))
+    (tmp_path / "text").mkdir()
+    text = (edition.TEXT / "04_accelerate.md").read_text(encoding="utf-8")
+    (tmp_path / "text" / "04_accelerate.md").write_text(text, encoding="utf-8")
+    with pytest.raises(edition.Stale, match="cell 2 is not a Markdown cell"):
+        edition.translate(english, edition.parse(text), "04")
+    index = next(i for i, c in enumerate(english.cells) if c.cell_type == "markdown" and i > 4)
+    english.cells[index].source += " A sentence added."  # this one's text changed too
+    (tmp_path / runner.FLAGSHIP).write_text(nbformat.writes(english))
+    moved = edition.renumber(tmp_path / runner.FLAGSHIP, folder=tmp_path)
+    assert "cell 2 -> 4" in moved and f"cell {index - 2} -> {index}" in moved
+    assert "cell 0 -> 0" not in moved
+    renumbered = (tmp_path / "text" / "04_accelerate.md").read_text(encoding="utf-8")
+    with pytest.raises(edition.Stale) as stale:
+        edition.translate(english, edition.parse(renumbered), "04")
+    assert str(stale.value).startswith(f"04: cell {index} changed in English")
+    assert str(stale.value).count("cell") == 2  # it alone, and its new marker
+    assert edition.renumber(tmp_path / runner.FLAGSHIP, folder=tmp_path) == []
 
 
 def test_a_malformed_translation_file_is_refused_with_the_fix():

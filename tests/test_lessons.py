@@ -147,3 +147,11 @@ def test_needs_says_in_one_line_what_is_skipped_and_how_to_install_it(capsys):
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("Skipped: section 9, which needs no-such-package, not installed")
     assert f"!{sys.executable} -m pip install no-such-package" in line  # this kernel's Python
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_a_lesson_with_fewer_than_two_gpus_runs_two_cpu_workers(path):
+    """``device_count() or 2`` launches one process on a one-GPU machine, where the lesson's
+    multi-process checks would pass without testing anything: below two GPUs, two CPU workers."""
+    sources = "\n".join(c.source for c in code(nbformat.read(path, as_version=4)))
+    assert not re.search(r"device_count\(\)\s+or\b", sources), "use lesson 2's USE_CUDA pattern"

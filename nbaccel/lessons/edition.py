@@ -42,21 +42,115 @@ OPEN, CLOSE = '<div dir="rtl">\n\n', "\n\n</div>"  # blank lines: Markdown insid
 
 
 FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
-INLINE_CODE = re.compile(r"(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.S)
 LRI, PDI = "\u2066", "\u2069"  # Unicode's left-to-right isolate, and its end
+# Spans of a translation that are left as written (link targets, HTML tags, URLs, isolates) or
+# kept whole in an isolate (inline code, inline math), so no formula is looked for inside them.
+KEEP = re.compile(
+    r"(?P<isolate>(?P<ticks>`+)(?!`).+?(?<!`)(?P=ticks)(?!`)"  # `f()`: else it shows as ()f
+    r"|(?<![\\$])\$(?!\$)[^$\n]+?(?<!\\)\$(?!\$))"  # $x^2$
+    r"|\$\$.+?\$\$|\]\([^)\s]*\)|<[^<>\n]+>|https?://\S+|" + LRI + ".*?" + PDI,
+    re.S,
+)
+# A formula: Latin or Greek letters, digits and operators with at least one operator, e.g.
+# "2(N−1)/N × S", "(r−s) mod N", "(2 + 2 + 12) / N". In a right-to-left paragraph the bidi
+# algorithm reorders it ("N × S/(N−1)2"), so the build puts each in a left-to-right isolate.
+TERM = r"[A-Za-z0-9\u0370-\u03ff]"
+FORMULA = re.compile(
+    rf"(?<![A-Za-z0-9_])[-−(]*{TERM}(?:[{TERM[1:-1]}()+−×÷/=^<>≤≥≈·.,' %-]*[{TERM[1:-1]})%])?"
+)
+OPERATOR = re.compile(r"[+−×÷/=^<>≤≥≈·]| - |\bmod\b|\d\(")
+
+
+def _isolate_formulas(prose: str) -> str:
+    def wrap(match: re.Match) -> str:
+        span = match[0]
+        if not OPERATOR.search(span) or span.count("(") != span.count(")"):
+            return span
+        return f"{LRI}{span}{PDI}"
+
+    return FORMULA.sub(wrap, prose)
+
+
+def left_to_right_spans(text: str) -> str:
+    """``text`` (Markdown outside fenced blocks) with its code, inline math and formulas each in
+    a left-to-right isolate; link targets, HTML tags and URLs untouched."""
+    parts, start = [], 0
+    for keep in KEEP.finditer(text):
+        parts.append(_isolate_formulas(text[start : keep.start()]))
+        parts.append(f"{LRI}{keep[0]}{PDI}" if keep["isolate"] else keep[0])
+        start = keep.end()
+    parts.append(_isolate_formulas(text[start:]))
+    return "".join(parts)
 
 
 def right_to_left(text: str) -> str:
-    """``text`` wrapped to read right to left, its code kept left to right: each inline code
-    span in a left-to-right isolate (else ``f()`` shows as ``()f``), each fenced block in a
-    left-to-right div."""
+    """``text`` wrapped to read right to left, with what must read left to right kept so: code,
+    math and formulas in left-to-right isolates, each fenced block in a left-to-right div."""
     parts, start = [], 0
     for block in FENCE.finditer(text):
-        parts.append(INLINE_CODE.sub(rf"{LRI}\g<0>{PDI}", text[start : block.start()]))
+        parts.append(left_to_right_spans(text[start : block.start()]))
         parts.append(f'\n<div dir="ltr">\n\n{block[0]}\n\n</div>\n')  # blank lines around
         start = block.end()
-    parts.append(INLINE_CODE.sub(rf"{LRI}\g<0>{PDI}", text[start:]))
+    parts.append(left_to_right_spans(text[start:]))
     return OPEN + "".join(parts) + CLOSE
+
+
+@dataclass(frozen=True)
+class Term:
+    arabic: str  # the glossary's one rendering (or renderings, for a row of several terms)
+    english: tuple[str, ...]
+    avoid: tuple[str, ...]  # renderings the glossary rules out
+
+
+def glossary(readme: Path = ARABIC / "README.md") -> list[Term]:
+    """The terms table of the Arabic edition's README: Arabic | English | not to be written."""
+    text = readme.read_text(encoding="utf-8")
+    table = text[text.index("| المصطلح |") :].split("\n\n")[0].splitlines()[2:]
+    terms = []
+    for row in table:
+        arabic, english, avoid = (cell.strip() for cell in row.strip("|").split("|"))
+        english = re.sub(r"\s*\([^)]*\)", "", english)  # "interconnect (link)": the term
+        terms.append(
+            Term(
+                arabic,
+                tuple(e.strip() for e in english.split(",")),
+                tuple(a.strip() for a in avoid.split("،") if a.strip()),
+            )
+        )
+    return terms
+
+
+def prose(text: str) -> str:
+    """``text`` without what is not prose: fenced blocks, code, math, link targets, tags, URLs."""
+    return KEEP.sub(" ", FENCE.sub(" ", text))
+
+
+def wording(text: str, terms: list[Term]) -> list[str]:
+    """Where a translation departs from the glossary: a rendering it rules out, an English term
+    in the prose outside parentheses (a gloss), or English words in LaTeX's \\text{}."""
+    problems = []
+    plain = prose(text)
+    for term in terms:
+        for variant in term.avoid:
+            if variant in plain:
+                problems.append(f"«{variant}»: the glossary writes «{term.arabic}»")
+        for english in term.english:
+            if english.isupper() or any(c.isdigit() for c in english):
+                continue  # GPU, CPU: glossed once, then written as they are; "for 2 ranks"
+            arabic = dict(zip(term.english, term.arabic.split("، "), strict=False))
+            for found in re.finditer(rf"(?<![\w-]){re.escape(english)}(?![\w-])", plain, re.I):
+                before = plain[: found.start()]
+                if before.count("(") <= before.count(")"):  # not inside parentheses
+                    rendering = arabic.get(english, term.arabic)
+                    problems.append(
+                        f"«{found[0]}» in English: write «{rendering}» ({english} in "
+                        "parentheses at its first use)"
+                    )
+                    break
+    for latex in re.finditer(r"\\text\{([^}]*)\}", text):
+        if re.search(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}", latex[1]):
+            problems.append(f"{latex[0]}: English inside a formula; write it in Arabic prose")
+    return problems
 
 
 class Stale(ValueError):
@@ -97,9 +191,10 @@ def translate(english, sections: list[Section], name: str):
     and the Arabic-only cells after theirs. Raises ``Stale`` naming every mismatch."""
     import nbformat
 
-    problems, by_cell, extra = [], {}, {}
+    problems, by_cell, extra, terms = [], {}, {}, glossary()
     for section in sections:
         if section.english is None:
+            problems += [f"after cell {section.cell}: {w}" for w in wording(section.text, terms)]
             extra.setdefault(section.cell, []).append(section.text)
         elif section.cell in by_cell:
             problems.append(f"cell {section.cell} is translated twice")
@@ -120,6 +215,8 @@ def translate(english, sections: list[Section], name: str):
                 )
             elif not section.text:
                 problems.append(f"cell {index}: the translation is empty")
+            elif wrong := wording(section.text, terms):
+                problems += [f"cell {index}: {w}" for w in wrong]
             else:
                 cell = copy.deepcopy(cell)
                 cell.source = right_to_left(section.text)
@@ -180,8 +277,9 @@ def skeleton(lesson: Path) -> str:
 def renumber(lesson: Path, folder: Path = ARABIC) -> list[str]:
     """Move each marker to where its English cell now is, after cells were added or removed
     above it: a section follows the one English Markdown cell whose text has its hash, and an
-    Arabic-only section moves with the section before it. Rewrites the translation file and
-    returns what moved; a section whose text changed in English stays stale, for ``check``."""
+    Arabic-only section, or one whose English text changed, moves with the section before it
+    (and stays stale, for ``check`` to name). Rewrites the translation file; returns what
+    moved."""
     import nbformat
 
     english = nbformat.read(lesson, as_version=4)
@@ -192,14 +290,12 @@ def renumber(lesson: Path, folder: Path = ARABIC) -> list[str]:
     path = folder / "text" / f"{lesson.stem}.md"
     text = path.read_text(encoding="utf-8")
     moved, shift, out, last = [], 0, [], 0
-    for match, following in zip(
-        matches := list(MARKER.finditer(text)), [*matches[1:], None], strict=False
-    ):
+    for match in MARKER.finditer(text):
         out.append(text[last : match.start()])
         last = match.end()
         if match[1] is not None:
             old, found = int(match[1]), where.get(match[2], [])
-            new = found[0] if len(found) == 1 else old
+            new = found[0] if len(found) == 1 else old + shift  # changed: moves with the rest
             shift = new - old
             out.append(f"<!-- cell {new}, English {match[2]} -->")
         else:
