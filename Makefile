@@ -18,11 +18,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 # The flagship lesson, headless in a real kernel on 2 CPU workers; prints where the results are.
 demo: $(STAMP)
-	$(BIN)/python -m nbaccel.lessons.runner demo --out results/demo
+	$(BIN)/python -m lessonbuild.runner demo --out results/demo
 
 # Re-execute every lesson in place (their committed outputs come from this).
 lessons: $(STAMP)
-	$(BIN)/python -m nbaccel.lessons.runner lessons
+	$(BIN)/python -m lessonbuild.runner lessons
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/

@@ -30,15 +30,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from nbaccel import utils
+from nbaccel import collectives
 from nbaccel.env import find_free_port
 
 SIZES = {"metric (1 float)": (1,), "logits (64 x 64)": (64, 64), "large (1M floats)": (2**20,)}
 REPEAT = {"metric (1 float)": 200, "logits (64 x 64)": 200, "large (1M floats)": 10}
 VARIANTS = {
-    "checked": lambda t: utils._gather_one(t),
-    "unchecked": lambda t: utils._gather_one(t, check=False),
-    "unchecked again": lambda t: utils._gather_one(t, check=False),
+    "checked": lambda t: collectives._gather_one(t),
+    "unchecked": lambda t: collectives._gather_one(t, check=False),
+    "unchecked again": lambda t: collectives._gather_one(t, check=False),
 }
 
 

@@ -25,7 +25,7 @@ _EXPORTS = {
     "LaunchError": "errors",
     "NbaccelError": "errors",
     "notebook_launcher": "launcher",
-    "Run": "metrics",
+    "Run": "run",
     "LiveView": "display",
     "measure_scaling": "scaling",
     "Tracker": "tracker",
@@ -58,8 +58,8 @@ if TYPE_CHECKING:
     from .display import LiveView
     from .errors import CheckpointError, LaunchError, NbaccelError
     from .launcher import notebook_launcher
-    from .metrics import Run
     from .optim import GradientAccumulationPlugin
+    from .run import Run
     from .scaling import measure_scaling
     from .sharding import FSDPPlugin
     from .state import DistributedType, PartialState

@@ -85,6 +85,28 @@ def set_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
 
 
+def folder(path: str | os.PathLike | None, method: str) -> str | os.PathLike:
+    """The checkpoint folder ``save_state``/``load_state`` were given; there is no default."""
+    if path is None:  # Accelerate's default needs a ProjectConfiguration, not here yet
+        raise ValueError(
+            f"{method}() needs a folder here, e.g. accelerator.{method}('checkpoints/epoch_3'): "
+            "nbaccel does not name checkpoints automatically (Accelerate's project_config)."
+        )
+    return path
+
+
+def restore(state: dict[str, Any], schedulers: Sequence[Any], scaler: Any, rank: int) -> int:
+    """Load what ``read_state`` read into the schedulers, the scaler and this rank's RNGs;
+    return the accumulation ``step`` it saved."""
+    for i, scheduler in enumerate(schedulers):
+        scheduler.load_state_dict(state[f"scheduler_{i}.pt"])
+    if scaler is not None:
+        scaler.load_state_dict(state["scaler.pt"])
+    if f"rng_{rank}.pt" in state:
+        set_rng_state(state[f"rng_{rank}.pt"])
+    return state["manifest"]["step"]
+
+
 def _as_tuple(obj: Any) -> Any:
     return tuple(_as_tuple(x) for x in obj) if isinstance(obj, list | tuple) else obj
 

@@ -38,50 +38,31 @@ A loader whose sampler is a ``DistributedSampler`` is already split: it is left 
 from __future__ import annotations
 
 import copy
-import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from . import collectives
+from .samplers import SeedableRandomSampler, ShardedBatchSampler, check_split, fixed_batch_size
+from .tensors import has_tensor, map_tensors, send_to_device, to_cpu
 
-def map_tensors(data: Any, fn: Callable[[torch.Tensor], Any], lists: bool = False) -> Any:
-    """Apply ``fn`` to every tensor inside tuples, lists, dicts and named tuples, keeping the
-    structure; with ``lists``, also to lists that hold no tensor (Python objects per sample)."""
-    if isinstance(data, torch.Tensor):
-        return fn(data)
-    if isinstance(data, Mapping):
-        return type(data)({k: map_tensors(v, fn, lists) for k, v in data.items()})
-    if lists and isinstance(data, list) and not has_tensor(data):
-        return fn(data)
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # named tuple
-        return type(data)(*(map_tensors(v, fn, lists) for v in data))
-    if isinstance(data, list | tuple):
-        return type(data)(map_tensors(v, fn, lists) for v in data)
-    return data
-
-
-def has_tensor(data: Any) -> bool:
-    if isinstance(data, torch.Tensor):
-        return True
-    if isinstance(data, Mapping):
-        return any(has_tensor(v) for v in data.values())
-    if isinstance(data, list | tuple):
-        return any(has_tensor(v) for v in data)
-    return False
-
-
-def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """Move every tensor inside tuples, lists, dicts and named tuples to ``device``."""
-    return map_tensors(obj, lambda t: t.to(device, non_blocking=non_blocking))
-
-
-def to_cpu(obj: Any) -> Any:
-    """Detached CPU copies of every tensor inside: plain data that can leave the process."""
-    return map_tensors(obj, lambda t: t.detach().cpu())
+__all__ = [  # the tensor helpers and samplers live in their own modules; importable from here
+    "DataLoaderConfiguration",
+    "LoopState",
+    "PreparedDataLoader",
+    "SeedableRandomSampler",
+    "ShardedBatchSampler",
+    "has_tensor",
+    "map_tensors",
+    "send_to_device",
+    "shard_dataloader",
+    "to_cpu",
+]
 
 
 @dataclass(eq=False)  # compared by identity: two passes may hold equal values
@@ -134,6 +115,15 @@ class DataLoaderConfiguration:
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
 
+    @classmethod
+    def checked(cls, config: object) -> DataLoaderConfiguration:
+        """``config``, or the defaults for None; anything else is refused."""
+        if not isinstance(config, cls | None):
+            raise TypeError(
+                f"dataloader_config={config!r} must be a nbaccel.utils.DataLoaderConfiguration"
+            )
+        return config or cls()
+
     def __post_init__(self) -> None:
         flags = ("split_batches", "even_batches", "use_seedable_sampler", "non_blocking")
         for name in (*flags, "use_stateful_dataloader"):
@@ -164,157 +154,32 @@ class DataLoaderConfiguration:
             )
 
 
-class SeedableRandomSampler(RandomSampler):
-    """A ``RandomSampler`` whose order depends only on ``seed + epoch``: the same on every rank
-    whatever the global RNG did, and the same orders as Accelerate's sampler of this name."""
+def prepare_dataloader(
+    loader: DataLoader,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    config: DataLoaderConfiguration,
+    state: LoopState,
+    on_batch: Callable[[int], None] | None = None,
+    on_end: Callable[[], None] | None = None,
+) -> PreparedDataLoader:
+    """What ``Accelerator.prepare`` makes of a DataLoader: this rank's shard, on ``device``."""
+    if config.use_seedable_sampler and config.data_seed is None and world_size > 1:
+        # every rank must shuffle alike, seeded by the user or not (Accelerate takes each
+        # rank's own initial seed, so unseeded ranks would read different orders)
+        seed = collectives.broadcast_object_list([torch.initial_seed()])[0]
+        config = dataclasses.replace(config, data_seed=seed)
 
-    def __init__(self, sampler: RandomSampler, seed: int) -> None:
-        super().__init__(sampler.data_source, sampler.replacement, sampler.num_samples)
-        self.seed, self.epoch = seed, 0
+    def shared_seed() -> int:
+        """Rank 0's draw from the global RNG, on every rank: one shuffle order for all."""
+        seed = torch.empty((), dtype=torch.int64).random_()
+        return int(collectives.broadcast(seed.to(device)).item())
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[int]:
-        # a fresh generator each epoch: the order cannot depend on how far an earlier pass got
-        self.generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        yield from super().__iter__()
-        self.epoch += 1  # a complete pass moves on, as Accelerate's sampler does
-
-
-class ShardedBatchSampler(Sampler[list[int]]):
-    """This rank's batches of each global step of ``batch_sampler`` (see the module docstring).
-
-    ``batch_size`` is this rank's batch size (None: batches of any size); ``remainder`` is set
-    while iterating: the real samples of the last global step if it was topped up, else None.
-    """
-
-    def __init__(
-        self,
-        batch_sampler: Sampler[list[int]] | Iterable[list[int]],
-        rank: int,
-        world_size: int,
-        *,
-        split_batches: bool = False,
-        even_batches: bool = True,
-        shared_seed: Callable[[], int] | None = None,
-    ) -> None:
-        self.batch_sampler, self.rank, self.world_size = batch_sampler, rank, world_size
-        self.split_batches, self.even_batches = split_batches, even_batches
-        self.shared_seed = shared_seed
-        self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
-        self.loader_batch_size = _fixed_batch_size(batch_sampler)
-        if split_batches:
-            _check_split(self.loader_batch_size, world_size, batch_sampler)
-        size = self.loader_batch_size
-        self.batch_size = size // world_size if split_batches and size else size
-        self.remainder: int | None = None
-
-    def __len__(self) -> int:
-        batches = len(self.batch_sampler)  # type: ignore[arg-type]
-        if self.split_batches:  # one step per batch; even_batches=False may skip the last
-            skipped = not self.even_batches and self._last_slice_empty()
-            return batches - int(skipped)
-        rounds, left = divmod(batches, self.world_size)
-        if left and not self.drop_last and (self.even_batches or self.rank < left):
-            rounds += 1
-        return rounds
-
-    def _last_slice_empty(self) -> bool:
-        """Split batches, short last batch: does it end before this rank's slice begins?"""
-        sampler = getattr(self.batch_sampler, "sampler", None)
-        if self.drop_last or not hasattr(sampler, "__len__"):
-            return False
-        short = len(sampler) % self.loader_batch_size  # type: ignore[arg-type, operator]
-        return 0 < short <= self.rank * self.batch_size  # type: ignore[operator]
-
-    def __iter__(self) -> Iterator[list[int]]:
-        self.remainder = None
-        batches = self._epoch_batches()
-        if self.loader_batch_size is None:  # batches of any size: deal them out whole
-            for step in self._steps(batches, self.world_size, lambda s: sum(map(len, s))):
-                if self.rank < len(step):
-                    yield step[self.rank]
-            return
-        step_size = self.loader_batch_size * (1 if self.split_batches else self.world_size)
-        piece = step_size // self.world_size
-        for step in self._steps(self._indices(batches), step_size, len):
-            mine = step[self.rank * piece : (self.rank + 1) * piece]
-            if mine:  # even_batches=False: a rank past the data gets no batch, not an empty one
-                yield mine
-
-    def _steps(
-        self, items: Iterable[Any], size: int, samples: Callable[[list[Any]], int]
-    ) -> Iterator[list[Any]]:
-        """Consecutive global steps of ``size`` items; a short last one is topped up with the
-        epoch's first items (even_batches), kept short, or dropped (drop_last)."""
-        head: list[Any] = []
-        step: list[Any] = []
-        for item in items:
-            step.append(item)
-            if len(head) < size:
-                head.append(item)
-            if len(step) == size:
-                yield step
-                step = []
-        if step and not self.drop_last:
-            if self.even_batches:
-                self.remainder = samples(step)
-                step.extend(itertools.islice(itertools.cycle(head), size - len(step)))
-            yield step
-
-    def _indices(self, batches: Iterable[list[int]]) -> Iterator[int]:
-        """The batches' indices in order. Only the last batch may be short: the sample-wise
-        rule above would regroup a short batch in the middle, which Accelerate does not."""
-        short = False
-        for batch in batches:
-            if short or len(batch) > self.loader_batch_size:  # type: ignore[operator]
-                raise ValueError(
-                    f"the DataLoader's batch_sampler ({type(self.batch_sampler).__name__}) has "
-                    f"batch_size={self.loader_batch_size} but yielded a batch of {len(batch)} "
-                    "samples before its last batch. Give it no batch_size attribute, so its "
-                    "batches are dealt out whole, or make every batch but the last full."
-                )
-            short = len(batch) < self.loader_batch_size  # type: ignore[operator]
-            yield from batch
-
-    def _epoch_batches(self) -> Iterable[list[int]]:
-        sampler = getattr(self.batch_sampler, "sampler", None)
-        if not _draws_from_global_rng(sampler) or self.shared_seed is None:
-            return self.batch_sampler  # deterministic, or seeded alike on every rank
-        sampler = copy.copy(sampler)
-        sampler.generator = torch.Generator().manual_seed(self.shared_seed())
-        batches = copy.copy(self.batch_sampler)
-        batches.sampler = sampler  # type: ignore[union-attr]
-        return batches
-
-
-def _draws_from_global_rng(sampler: Any) -> bool:
-    return getattr(sampler, "generator", False) is None and not isinstance(
-        sampler, SeedableRandomSampler
+    sharded = shard_dataloader(loader, rank, world_size, shared_seed, config)
+    return PreparedDataLoader(
+        sharded, device, state, on_batch, on_end, non_blocking=config.non_blocking
     )
-
-
-def _fixed_batch_size(batch_sampler: Any) -> int | None:
-    """The fixed batch size of a DataLoader's batch sampler, or None (batches of any size)."""
-    size = getattr(batch_sampler, "batch_size", None)
-    return size if isinstance(size, int) and size > 0 else None
-
-
-def _check_split(batch_size: int | None, world_size: int, batch_sampler: Any) -> None:
-    if batch_size is None:
-        raise ValueError(
-            "split_batches=True cuts each batch into equal slices, so it needs a fixed batch "
-            f"size; this DataLoader's batch_sampler ({type(batch_sampler).__name__}) has no "
-            "batch_size attribute. Give it one, or use split_batches=False."
-        )
-    if batch_size % world_size:
-        fit = max(world_size, batch_size // world_size * world_size)
-        raise ValueError(
-            f"split_batches=True cuts each batch of {batch_size} samples into {world_size} "
-            f"equal slices, one per process, so batch_size must be a multiple of {world_size}: "
-            f"use e.g. batch_size={fit}, or split_batches=False."
-        )
 
 
 def shard_dataloader(
@@ -334,7 +199,7 @@ def shard_dataloader(
         batches = loader.sampler
     sampler = getattr(batches, "sampler", None)
     if config.split_batches and not isinstance(loader.dataset, IterableDataset):
-        _check_split(_fixed_batch_size(batches), world_size, batches)  # on one process too
+        check_split(fixed_batch_size(batches), world_size, batches)  # on one process too
     if config.use_seedable_sampler and isinstance(sampler, RandomSampler):
         seed = torch.initial_seed() if config.data_seed is None else config.data_seed
         batches = copy.copy(batches)  # the user's loader keeps its own sampler
@@ -420,7 +285,7 @@ class PreparedDataLoader:
         """Samples per batch on this rank (None: the batch sampler's batches vary in size)."""
         if self.loader.batch_size is not None:
             return self.loader.batch_size
-        return _fixed_batch_size(self._batches)  # ShardedBatchSampler: this rank's
+        return fixed_batch_size(self._batches)  # ShardedBatchSampler: this rank's
 
     @property
     def _batches(self) -> Any:

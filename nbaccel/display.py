@@ -1,6 +1,6 @@
 """The live view: loss and throughput drawn while the workers train, or one line of text.
 
-``LiveView`` redraws a ``metrics.Run`` through a front end:
+``LiveView`` redraws a ``run.Run`` through a front end:
 
 * ``NotebookFrontend``: a PNG rendered by matplotlib's object API (no pyplot, so no backend and
   no stray figure at the end of the cell) and a progress line, each one display handle updated
@@ -12,6 +12,9 @@ Tests inject their own front end and clock. Redraws are throttled: text about fi
 second, the panel at most once a second; after the first three panels, less often when drawing
 it is slow, so that drawing costs the training at most 1% of a core. One figure is kept and
 updated, not rebuilt. This module imports no torch.
+
+Data flows one way: workers -> ``metrics`` -> ``Run`` -> here. This module reads the counters'
+names from ``metrics`` and takes a ``Run`` as it is given; only what draws imports it.
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ import io
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .env import in_notebook
-from .metrics import MEMORY, SAMPLES, STEPS, Run
+from .metrics import MEMORY, SAMPLES, STEPS, TOTAL_STEPS
+
+if TYPE_CHECKING:
+    from .run import Run
 
 
 class Frontend(Protocol):
@@ -58,9 +64,8 @@ def progress(run: Run, total_steps: int | None = None, now: float | None = None)
         parts.append(f"step {step}" + (f"/{total_steps}" if total_steps else ""))
     ranks = run.label or f"{run.world_size} rank{'s' if run.world_size > 1 else ''}"
     parts.append(f"{ranks} on {run.device}" if run.device else ranks)
-    rates = run.latest_rate(SAMPLES)
-    if rates:
-        parts.append(f"{sum(rates.values()):,.0f} samples/s")
+    if run.latest_rate(SAMPLES):
+        parts.append(f"{run.samples_per_s():,.0f} samples/s")
     step_rates = [r for r in run.latest_rate(STEPS).values() if r > 0]
     if step_rates:  # the slowest rank sets the pace of a synchronous step
         parts.append(f"{1000 / min(step_rates):,.0f} ms/step")
@@ -335,7 +340,7 @@ class LiveView:
         self._next_text = 0.0
 
     def _total(self, run: Run) -> int | None:
-        total = run.latest("nbaccel/total_steps")
+        total = run.latest(TOTAL_STEPS)
         return int(max(total.values())) if total else self.total_steps
 
     def close(self, run: Run) -> None:

@@ -21,11 +21,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-#: Launch defaults travel to workers in the environment, so ``Accelerator()`` needs no arguments.
+# Every NBACCEL_* variable, in one place.
+#: Launch options travel to workers in the environment, so ``Accelerator()`` needs no arguments
+#: (``launch_config.LaunchConfig.to_environ`` writes them, ``from_environ`` reads them back).
 MIXED_PRECISION_VAR = "NBACCEL_MIXED_PRECISION"
 CPU_VAR = "NBACCEL_CPU"  # "1": use the CPU even where GPUs are visible
 FSDP_VAR = "NBACCEL_FSDP"  # "1": Accelerator() shards with FSDP2's defaults
 DEEPSPEED_VAR = "NBACCEL_DEEPSPEED"  # "0".."3": Accelerator() uses DeepSpeed at that ZeRO stage
+CHANNEL_VAR = "NBACCEL_METRICS_FD"  # the worker's end of the metrics socket (``metrics.py``)
+PANEL_VAR = "NBACCEL_SAVE_PANEL"  # a path: without a notebook, save the final panel there
+CONFIG_VAR = "NBACCEL_CONFIG"  # where the ``nbaccel config`` file is, if not the usual place
 
 # (rank, local rank, world size, local world size): torchrun's names first, then SLURM's.
 _SCHEMES = (
@@ -83,14 +88,18 @@ class DistEnv:
             )
 
 
-def accelerate_defaults(gpus: int, mixed_precision: str) -> dict[str, str]:
+def accelerate_defaults(
+    gpus: int, mixed_precision: str, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The launch's choices in Hugging Face Accelerate's own variables, so that a worker that
     builds Accelerate's ``Accelerator`` (code ported by one import) makes the same ones: without
     ``ACCELERATE_USE_CPU``, Accelerate's Accelerator in each of several CPU workers believes it
-    is alone (``DistributedType.NO``) and trains its own copy. A value the user set is kept."""
+    is alone (``DistributedType.NO``) and trains its own copy. A value the user set (in
+    ``environ``, default ``os.environ``) is kept."""
+    environ = os.environ if environ is None else environ
     chosen = {}
     if not gpus:
-        chosen["ACCELERATE_USE_CPU"] = os.environ.get("ACCELERATE_USE_CPU", "1")
+        chosen["ACCELERATE_USE_CPU"] = environ.get("ACCELERATE_USE_CPU", "1")
     if mixed_precision != "no":
         chosen["ACCELERATE_MIXED_PRECISION"] = mixed_precision
     return chosen
@@ -139,6 +148,11 @@ def threads_per_worker(local_workers: int, environ: Mapping[str, str] | None = N
     if environ.get("OMP_NUM_THREADS", "").isdigit():
         return max(int(environ["OMP_NUM_THREADS"]), 1)
     return max(usable_cores() // local_workers, 1)
+
+
+def device_label(kind: str) -> str:
+    """How the live view and the summaries name a device type: ``"cuda"`` is a GPU."""
+    return {"cpu": "CPU", "cuda": "GPU"}.get(kind, kind)
 
 
 def backend_for(device: torch.device) -> str:

@@ -58,3 +58,39 @@ class LaunchError(NbaccelError):
         self.rank = self.root_cause.rank if self.root_cause else None
         self.exc_type = self.root_cause.exc_type if self.root_cause else None
         super().__init__(summary)
+
+
+def by_priority(failures: list[RankFailure], arrival: list[int]) -> list[RankFailure]:
+    """The root cause first: real errors, then hard deaths, then ranks that only lost a peer or
+    that the launcher stopped; ties broken by ``arrival``, the ranks in the order they failed."""
+    order = {rank: i for i, rank in enumerate(arrival)}
+    return sorted(
+        failures,
+        key=lambda f: (f.secondary, f.exc_type is None, order.get(f.rank, len(order)), f.rank),
+    )
+
+
+def root_cause_report(failures: list[RankFailure], stopped: set[int], finished: list[int]) -> str:
+    """torch elastic's "Root Cause (first observed failure)", for a notebook: the first rank's
+    error with its own traceback, one line per other rank (``stopped``: by the launcher), and a
+    hint when the root cause waited in a collective for ranks that had ``finished``."""
+    root = failures[0]
+    lines = [root.describe()]
+    if root.traceback:
+        header = f"Traceback on rank {root.rank} (most recent call last):"
+        text = root.traceback.replace("Traceback (most recent call last):", header)
+        lines += ["", text.rstrip()]
+    others = [
+        f.describe() + (" (stopped by nbaccel)" if f.rank in stopped else "") for f in failures[1:]
+    ]
+    if others:
+        lines += ["", "Other ranks:"] + [f"  {o}" for o in others]
+    if root.secondary and finished:
+        lines += [
+            "",
+            f"Ranks {finished} had already returned while rank {root.rank} waited for them "
+            "in a collective: the ranks ran different numbers of steps (a different number "
+            "of batches, or a loop that stops on one rank's clock or data). Make every "
+            "rank stop at the same step.",
+        ]
+    return "\n".join(lines)

@@ -9,63 +9,34 @@ then only waits: it never runs a torch op, so it has no thread pool and no CUDA 
 forking it is safe and fast. Workers receive the notebook's function serialised by value
 (cloudpickle), so functions and classes defined in cells work.
 
-Wire protocol, all over Unix sockets the launcher created:
-
-* control socket (launcher <-> server): length-prefixed pickles. ``launch`` carries one spec per
-  worker and, as passed file descriptors, each worker's stdout and stderr pipes and message
-  socket; the server answers ``started`` with the pids, then ``exited`` (pid, exit code) for
-  each worker. ``signal`` asks the server to signal a launch's live workers: the server is
-  their parent and reaps them itself, so it never signals a pid that has been reused.
-* per worker: stdout and stderr go to their own pipes; the message socket carries the payload in,
-  and the result or the error (as plain data) out; the metrics socket (datagrams) carries
-  ``Accelerator.log`` records and throughput counters (``metrics.py``).
+The messages, their framing and the exception-as-data they carry live in ``protocol.py``, which
+the launcher's side (``supervisor.py``) imports too.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import selectors
 import signal
 import socket
-import struct
 import sys
-from typing import Any
 
-_HEADER = struct.Struct("!I")
-
-
-# -- framing on the control socket (used by both ends) -------------------------------------------
-def send_message(sock: socket.socket, message: Any, fds: list[int] | None = None) -> None:
-    data = pickle.dumps(message)
-    header = _HEADER.pack(len(data))
-    if fds:
-        socket.send_fds(sock, [header], fds)
-    else:
-        sock.sendall(header)
-    sock.sendall(data)
-
-
-def recv_message(sock: socket.socket, max_fds: int = 0) -> tuple[Any, list[int]]:
-    """One message and the descriptors sent with it; raises EOFError when the peer is gone."""
-    fds: list[int] = []
-    header = b""
-    while len(header) < _HEADER.size:
-        if max_fds and not header:
-            chunk, fds, _, _ = socket.recv_fds(sock, _HEADER.size, max_fds)
-        else:
-            chunk = sock.recv(_HEADER.size - len(header))
-        if not chunk:
-            raise EOFError("the peer closed the control socket")
-        header += chunk
-    (size,) = _HEADER.unpack(header)
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(min(size - len(data), 1 << 20))
-        if not chunk:
-            raise EOFError("the peer closed the control socket")
-        data += chunk
-    return pickle.loads(data), list(fds)
+from .env import CHANNEL_VAR
+from .protocol import (
+    FDS_PER_WORKER,
+    ExceptionData,
+    Exited,
+    Failure,
+    Result,
+    Signal,
+    Start,
+    Started,
+    WorkerSpec,
+    encode,
+    recv,
+    send,
+    unpack_call,
+)
 
 
 # -- the server ----------------------------------------------------------------------------------
@@ -92,7 +63,7 @@ def serve(control_fd: int) -> None:
         while True:
             for key, _ in selector.select():
                 if key.fileobj is control:
-                    message, fds = recv_message(control, max_fds=64)
+                    message, fds = recv(control, max_fds=64)
                     _handle(control, message, fds, launches, wake_r, wake_w)
                 else:
                     os.read(wake_r, 4096)
@@ -106,11 +77,10 @@ def serve(control_fd: int) -> None:
 
 
 def _handle(control, message, fds, launches, wake_r, wake_w) -> None:
-    kind = message["kind"]
-    if kind == "launch":
+    if isinstance(message, Start):
         pids = []
-        for i, spec in enumerate(message["workers"]):
-            mine = fds[4 * i : 4 * i + 4]  # stdout, stderr, message socket, metrics socket
+        for i, spec in enumerate(message.workers):
+            mine = fds[FDS_PER_WORKER * i : FDS_PER_WORKER * (i + 1)]
             pid = os.fork()
             if pid == 0:  # the worker: never returns to the server's loop
                 code = 1
@@ -131,11 +101,11 @@ def _handle(control, message, fds, launches, wake_r, wake_w) -> None:
             pids.append(pid)
         for fd in fds:
             os.close(fd)
-        launches[message["launch"]] = pids
-        send_message(control, {"kind": "started", "launch": message["launch"], "pids": pids})
-    elif kind == "signal":
-        for pid in launches.get(message["launch"], []):
-            _signal_group(pid, message["signal"])
+        launches[message.launch] = pids
+        send(control, Started(message.launch, tuple(pids)))
+    elif isinstance(message, Signal):
+        for pid in launches.get(message.launch, []):
+            _signal_group(pid, message.signal)
 
 
 def _reap(control, launches) -> None:
@@ -152,7 +122,7 @@ def _reap(control, launches) -> None:
                 if not pids:
                     del launches[launch]
         code = os.waitstatus_to_exitcode(status)
-        send_message(control, {"kind": "exited", "pid": pid, "code": code})
+        send(control, Exited(pid, code))
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -164,7 +134,7 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 # -- a worker ------------------------------------------------------------------------------------
-def _worker(spec: dict, out_fd: int, err_fd: int, channel_fd: int, metrics_fd: int) -> int:
+def _worker(spec: WorkerSpec, out_fd: int, err_fd: int, channel_fd: int, metrics_fd: int) -> int:
     os.setpgid(0, 0)  # one group per worker, so a stop reaches its DataLoader workers too
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -178,7 +148,7 @@ def _worker(spec: dict, out_fd: int, err_fd: int, channel_fd: int, metrics_fd: i
     return run_worker(spec, channel_fd, metrics_fd)
 
 
-def run_worker(spec: dict, channel_fd: int, metrics_fd: int) -> int:
+def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
     """Set up this process as the spec says, run the function, report; returns the exit code."""
     import faulthandler
     from multiprocessing.connection import Connection
@@ -188,17 +158,17 @@ def run_worker(spec: dict, channel_fd: int, metrics_fd: int) -> int:
     import torch.distributed as dist
 
     from .data import to_cpu
-    from .metrics import CHANNEL_VAR, flush_all
+    from .metrics import flush_all
 
     faulthandler.enable()  # a segfault still prints a Python traceback into the cell
     os.environ.clear()
-    os.environ.update(spec["env"], **{CHANNEL_VAR: str(metrics_fd)})
-    os.chdir(spec["cwd"])
-    sys.path[:] = spec["sys_path"]
-    torch.set_num_threads(spec["threads"])
+    os.environ.update(spec.env, **{CHANNEL_VAR: str(metrics_fd)})
+    os.chdir(spec.cwd)
+    sys.path[:] = spec.sys_path
+    torch.set_num_threads(spec.threads)
     channel = Connection(channel_fd)
     try:
-        function, args, kwargs = cloudpickle.loads(channel.recv_bytes())
+        function, args, kwargs = unpack_call(channel.recv_bytes())
         value = function(*args, **kwargs)
         flush_all()  # the last records reach the notebook before the result does
         try:
@@ -208,14 +178,15 @@ def run_worker(spec: dict, channel_fd: int, metrics_fd: int) -> int:
                 f"the function returned a {type(value).__name__} that cannot be sent back to "
                 f"the notebook ({err}); return plain data, tensors or state_dicts instead"
             ) from err
-        channel.send_bytes(pickle.dumps({"kind": "result", "value": payload}))
+        channel.send_bytes(encode(Result(payload)))
         code = 0
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         if code == 0:
-            channel.send_bytes(pickle.dumps({"kind": "result", "value": cloudpickle.dumps(None)}))
+            channel.send_bytes(encode(Result(cloudpickle.dumps(None))))
     except BaseException as err:
-        channel.send_bytes(pickle.dumps({"kind": "error", **describe_exception(err)}))
+        failure = Failure(ExceptionData.of(err, hide=__file__), _is_collective_failure(err))
+        channel.send_bytes(encode(failure))
         code = 1
     finally:
         sys.stdout.flush()
@@ -226,32 +197,6 @@ def run_worker(spec: dict, channel_fd: int, metrics_fd: int) -> int:
         except Exception:
             pass
     return code
-
-
-def describe_exception(err: BaseException) -> dict:
-    """An exception as plain data: type, message, and its traceback frames (chain included)."""
-    import traceback
-
-    def one(exc: BaseException | None, seen: set[int]) -> dict | None:
-        if exc is None or id(exc) in seen:
-            return None
-        seen.add(id(exc))
-        frames = [
-            (f.filename, f.lineno, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)
-        ]
-        return {
-            "type": type(exc).__qualname__,
-            "module": type(exc).__module__,
-            "message": str(exc),
-            "frames": frames,
-            "cause": one(exc.__cause__, seen),
-            "context": None if exc.__suppress_context__ else one(exc.__context__, seen),
-        }
-
-    described = one(err, set())
-    while described["frames"] and described["frames"][0][0] == __file__:
-        del described["frames"][0]  # the launcher's own frames are noise to the user
-    return {"exception": described, "collective": _is_collective_failure(err)}
 
 
 def _is_collective_failure(err: BaseException) -> bool:

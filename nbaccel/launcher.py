@@ -21,10 +21,10 @@ so functions and classes defined in notebook cells work, and CUDA state in the k
 matter: no worker is a fork of the kernel. The price: the server's own memory, a fixed ~60 MiB
 (PSS) per kernel; the workers' memory equals bare fork's.
 
-Rendezvous: the launching process hosts torch's TCPStore on a socket it bound itself (port 0:
-the OS picks a free one, no race), on loopback unless ``num_nodes > 1``; workers join it as
-clients, exactly as under torchrun's agent. The store, and so the port, go away when the launch
-returns or fails.
+Options: the arguments, the ``nbaccel config`` file and the machine resolve into one
+``LaunchConfig`` (``launch_config.py``), the same one ``nbaccel launch`` builds; the workers read
+it back from their environment. Rendezvous: the launching process hosts torch's TCPStore, on
+loopback unless ``num_nodes > 1`` (``rendezvous.py``); it goes away when the launch ends.
 
 Failure: the first real error wins. Every rank's exception travels back as plain data; when any
 rank fails, the others get SIGTERM, then SIGKILL after a short grace, and one ``LaunchError``
@@ -41,39 +41,26 @@ checkpoint instead of starting over.
 
 from __future__ import annotations
 
-import collections
-import datetime
-import io
-import logging
 import math
 import os
-import pickle
-import socket
 import sys
 import threading
 import time
-import types
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from .config import load_config, resolve_sharding
+from .config import load_config
 from .display import LiveView
-from .env import (
-    CPU_VAR,
-    DEEPSPEED_VAR,
-    FSDP_VAR,
-    MIXED_PRECISION_VAR,
-    accelerate_defaults,
-    threads_per_worker,
-    visible_gpus,
-)
+from .env import device_label
 from .errors import LaunchError, NbaccelError, RankFailure
-from .metrics import Run, local_run
-from .precision import check_mode
-from .supervisor import Launch
+from .launch_config import LaunchConfig
+from .metrics import local_run
+from .protocol import pack_call
+from .rendezvous import loopback_interface, rendezvous
+from .run import Run
+from .supervisor import Launch, LaunchSpec
 
-logger = logging.getLogger(__name__)
 START_METHODS = ("forkserver", "spawn")
 
 
@@ -158,99 +145,83 @@ def notebook_launcher(
         LaunchError: a worker raised, died, or timed out; the message holds its traceback
             (with ``max_restarts``, the last attempt's, after a line per earlier attempt).
     """
-    _check_function(function)
-    if not isinstance(args, list | tuple):
-        raise TypeError(
-            f"args must be a tuple of arguments, got {type(args).__name__}: "
-            f"use args=({args!r},) for a single argument"
-        )
-    config = load_config()
-    cpu = config.cpu if cpu is None else bool(cpu)
-    fsdp, zero_stage = resolve_sharding(config, fsdp, deepspeed, zero_stage)
-    mixed_precision = check_mode(mixed_precision or config.mixed_precision)
-    gpus = 0 if cpu else visible_gpus()
-    if num_processes is None:
-        num_processes = config.num_processes or max(gpus, 1)
-    _check_counts(num_processes, gpus, num_nodes, node_rank, master_port)
-    _check_restarts(max_restarts, monitor_interval, rdzv_backend, num_nodes)
-    in_process = num_processes * num_nodes == 1 and start_method is None and not max_restarts
-    start_method = start_method or "forkserver"
-    if start_method not in START_METHODS:
-        raise ValueError(f"start_method={start_method!r} is not one of {START_METHODS}")
-    if not hasattr(os, "fork"):
-        raise NbaccelError("notebook_launcher needs a POSIX system (Linux, macOS, WSL)")
-    _check_no_process_group()
-
-    world_size = num_processes * num_nodes
-    threads = threads_per_worker(num_processes)
-    defaults = {
-        MIXED_PRECISION_VAR: mixed_precision,
-        CPU_VAR: "1" if cpu else "0",
-        FSDP_VAR: "1" if fsdp else "0",
-        DEEPSPEED_VAR: "" if zero_stage is None else str(zero_stage),
-        "OMP_NUM_THREADS": str(threads),
-        "TORCHELASTIC_USE_AGENT_STORE": "True",  # the store below is the rendezvous
-    }
-    defaults.update(accelerate_defaults(gpus, mixed_precision))
-    loopback = _loopback_interface() if num_nodes == 1 else None
-    if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
-        defaults["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
-    common = {**os.environ, **defaults, "MASTER_ADDR": master_addr}
-
-    def envs(port: int, attempt: int) -> list[dict[str, str]]:
-        """torchrun's variables for each worker, at this rendezvous, in this attempt."""
-        return [
-            {
-                **common,
-                "MASTER_PORT": str(port),
-                "RANK": str(node_rank * num_processes + local_rank),
-                "LOCAL_RANK": str(local_rank),
-                "WORLD_SIZE": str(world_size),
-                "LOCAL_WORLD_SIZE": str(num_processes),
-                "GROUP_RANK": str(node_rank),
-                "TORCHELASTIC_RESTART_COUNT": str(attempt),
-                "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
-            }
-            for local_rank in range(num_processes)
-        ]
-
-    def rendezvous():
-        return _rendezvous(num_nodes, node_rank, master_addr, master_port)
-
+    _check_call(function, args)
+    config = LaunchConfig.from_arguments(
+        num_processes=num_processes, mixed_precision=mixed_precision, cpu=cpu, fsdp=fsdp,
+        deepspeed=deepspeed, zero_stage=zero_stage, num_nodes=num_nodes, node_rank=node_rank,
+        master_addr=master_addr, master_port=master_port, max_restarts=max_restarts,
+        defaults=load_config(),
+    )  # fmt: skip
+    _check_notebook_launch(config, start_method, monitor_interval, rdzv_backend)
     run = run if run is not None else Run()
-    run.world_size = world_size
-    run.device = "GPU" if gpus else "CPU"  # what the workers' Accelerator picks
+    run.world_size = config.world_size
+    run.device = device_label("cuda" if config.gpus else "cpu")  # what the workers pick
+    kwargs = kwargs or {}
     with _launch_slot():
-        if in_process:  # here, in this process; its Accelerator draws its own view
-            with rendezvous() as port:
-                run.started = time.time()
-                values = [_run_here(function, args, kwargs or {}, envs(port, 0)[0], run)]
-                run.results, run.finished = {0: values[0]}, time.time()
+        if config.world_size == 1 and start_method is None and not max_restarts:
+            values = [_run_here(function, args, kwargs, config, run)]  # in this process
         else:
-            payload = _serialize(function, args, kwargs or {})
-            view = live if isinstance(live, LiveView) else LiveView() if live else None
-
-            def start(port: int, attempt: int) -> Launch:
-                return Launch(
-                    start_method, envs(port, attempt), threads, payload, timeout, output, run,
-                    view, monitor_interval,
-                )  # fmt: skip
-
-            try:
-                values = _attempts(max_restarts, rendezvous, start, run)
-            finally:
-                if view is not None:
-                    view.close(run)
+            watch = {"start_method": start_method or "forkserver", "timeout": timeout}
+            watch |= {"output": output, "monitor_interval": monitor_interval}
+            values = _run_workers(pack_call(function, args, kwargs), config, watch, live, run)
     return values if return_all else values[0]
 
 
-def _attempts(max_restarts: int, rendezvous, start, run: Run) -> list[Any]:
+def _run_workers(payload: bytes, config: LaunchConfig, watch: dict, live, run: Run) -> list[Any]:
+    """Start the workers, and again after a failure while ``config.max_restarts`` allow."""
+    view = live if isinstance(live, LiveView) else LiveView() if live else None
+
+    def start(port: int, attempt: int) -> Launch:
+        envs = _worker_envs(config, port, attempt)
+        spec = LaunchSpec(envs, payload, int(envs[0]["OMP_NUM_THREADS"]), **watch)
+        return Launch(spec, run=run, view=view)
+
+    try:
+        return _attempts(config, start, run)
+    finally:
+        if view is not None:
+            view.close(run)
+
+
+def _worker_envs(config: LaunchConfig, port: int, attempt: int) -> tuple[dict[str, str], ...]:
+    """Each local worker's environment: torchrun's variables at this rendezvous, in this
+    attempt, and the launch's own (``LaunchConfig.to_environ``)."""
+    common = {
+        **os.environ,
+        **config.to_environ(),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",  # the store we host is the rendezvous
+        "MASTER_ADDR": config.master_addr or "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(config.world_size),
+        "LOCAL_WORLD_SIZE": str(config.num_processes),
+        "GROUP_RANK": str(config.node_rank),
+        "TORCHELASTIC_RESTART_COUNT": str(attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
+    }
+    loopback = loopback_interface() if config.num_nodes == 1 else None
+    if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
+        common["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
+    first = config.node_rank * config.num_processes
+    return tuple(
+        {**common, "RANK": str(first + local), "LOCAL_RANK": str(local)}
+        for local in range(config.num_processes)
+    )
+
+
+def _meeting(config: LaunchConfig):
+    """This launch's rendezvous (a new store each time it is entered); yields the port."""
+    addr = config.master_addr or "127.0.0.1"
+    return rendezvous(config.num_nodes, config.node_rank, addr, config.master_port)
+
+
+def _attempts(config: LaunchConfig, start, run: Run) -> list[Any]:
     """Launch until an attempt succeeds, fails in a way no restart cures, or none are left."""
+    max_restarts = config.max_restarts
     attempt, attempts, earlier = 0, max_restarts + 1, []
     while True:
         if attempt:  # the Run starts over with the workers: records from step 0 again
             run.reset()
-        with rendezvous() as port:  # a new store for every attempt: nothing stale in it
+        with _meeting(config) as port:  # a new store for every attempt: nothing stale in it
             run.started = time.time()
             launch = start(port, attempt)
             try:
@@ -263,7 +234,7 @@ def _attempts(max_restarts: int, rendezvous, start, run: Run) -> list[Any]:
                 earlier.append(err.root_cause.describe() if err.root_cause else str(err))
                 print(
                     f"nbaccel: attempt {attempt + 1} of {attempts} failed: {earlier[-1]}. "
-                    f"Restarting all {len(launch.envs)} workers, attempt {attempt + 2} of "
+                    f"Restarting all {len(launch.spec.envs)} workers, attempt {attempt + 2} of "
                     f"{attempts}.",
                     file=sys.stderr,
                     flush=True,
@@ -286,48 +257,27 @@ def _attempts_error(err: LaunchError, earlier: list[str], last, max_restarts: in
     return LaunchError("\n".join(lines), err.failures, err.run)
 
 
-# -- preflight -----------------------------------------------------------------------------------
-def _check_function(function: Any) -> None:
+# -- preflight: what only a launch from this process checks -------------------------------------
+def _check_call(function: Any, args: Any) -> None:
     if not callable(function):
         raise TypeError(
             f"notebook_launcher needs the function itself, but got a {type(function).__name__} "
             "(did you call it?). Write notebook_launcher(train, args=(...)), "
             "not notebook_launcher(train(...))."
         )
-
-
-def _check_counts(n: Any, gpus: int, num_nodes: Any, node_rank: Any, master_port: Any) -> None:
-    for name, value in (("num_processes", n), ("num_nodes", num_nodes)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name}={value!r} must be an int, e.g. {name}=2")
-        if value < 1:
-            raise ValueError(f"{name}={value} must be at least 1")
-    if gpus and n > gpus:
-        raise ValueError(
-            f"num_processes={n} but this machine has {gpus} visible GPU(s): one worker per GPU. "
-            f"Use num_processes<={gpus}, or cpu=True to run {n} workers on the CPU."
-        )
-    if (
-        isinstance(node_rank, bool)
-        or not isinstance(node_rank, int)
-        or not 0 <= node_rank < num_nodes
-    ):
-        raise ValueError(f"node_rank={node_rank!r} must be an int in 0..{num_nodes - 1}")
-    if num_nodes > 1 and master_port is None:
-        raise ValueError(
-            "several nodes must agree on where to meet: pass the same master_addr (node 0's "
-            "address) and master_port (a free port on node 0) on every node"
+    if not isinstance(args, list | tuple):
+        raise TypeError(
+            f"args must be a tuple of arguments, got {type(args).__name__}: "
+            f"use args=({args!r},) for a single argument"
         )
 
 
-def _check_restarts(
-    max_restarts: Any, monitor_interval: Any, rdzv_backend: Any, num_nodes: int
+def _check_notebook_launch(
+    config: LaunchConfig, start_method: Any, monitor_interval: Any, rdzv_backend: Any
 ) -> None:
-    """torch elastic's knobs: honoured, or refused with the reason; never accepted and ignored."""
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int):
-        raise TypeError(f"max_restarts={max_restarts!r} must be an int, e.g. max_restarts=2")
-    if max_restarts < 0:
-        raise ValueError(f"max_restarts={max_restarts} must be 0 (no restarts) or more")
+    """torch elastic's knobs: honoured, or refused with the reason; never accepted and ignored.
+    (``LaunchConfig`` checked the options that ``nbaccel launch`` shares.)"""
+    max_restarts, num_nodes = config.max_restarts, config.num_nodes
     if max_restarts and num_nodes > 1:
         raise ValueError(
             f"max_restarts={max_restarts} with num_nodes={num_nodes}: a restart must stop and "
@@ -354,6 +304,11 @@ def _check_restarts(
             "Elastic rendezvous, where nodes may join and leave, is torchrun's: run a script "
             f"with `nbaccel launch` (torchrun underneath), or drop rdzv_backend here."
         )
+    if (start_method or "forkserver") not in START_METHODS:
+        raise ValueError(f"start_method={start_method!r} is not one of {START_METHODS}")
+    if not hasattr(os, "fork"):
+        raise NbaccelError("notebook_launcher needs a POSIX system (Linux, macOS, WSL)")
+    _check_no_process_group()
 
 
 def _check_no_process_group() -> None:
@@ -365,42 +320,6 @@ def _check_no_process_group() -> None:
             f"{dist.get_rank()} of {dist.get_world_size()}). Workers create their own: call "
             "torch.distributed.destroy_process_group() (or accelerator.end_training()) first."
         )
-
-
-def _loopback_interface() -> str | None:
-    """The network interface that holds 127.0.0.1 ("lo" on Linux, "lo0" on macOS)."""
-    import psutil
-
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
-            return name
-    return None
-
-
-def _serialize(function, args, kwargs) -> bytes:
-    import cloudpickle
-
-    def code_with_filename(code: types.CodeType):
-        # cloudpickle replaces the file name of code it sends by value with "<dynamic-code>";
-        # keeping the real one lets a worker's traceback point at the notebook cell.
-        rebuild, fields = cloudpickle.cloudpickle._code_reduce(code)
-        return rebuild, tuple(code.co_filename if f == "<dynamic-code>" else f for f in fields)
-
-    class Pickler(cloudpickle.Pickler):
-        dispatch_table: ClassVar = collections.ChainMap(
-            {types.CodeType: code_with_filename}, cloudpickle.Pickler.dispatch_table
-        )
-
-    buffer = io.BytesIO()
-    try:
-        Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump((function, tuple(args), kwargs))
-        return buffer.getvalue()
-    except Exception as err:
-        raise TypeError(
-            f"cannot send {getattr(function, '__name__', function)!r} and its arguments to the "
-            f"workers: {err}. Create unpicklable objects (open files, locks, CUDA tensors) "
-            "inside the function instead of passing them in."
-        ) from err
 
 
 _launch_lock = threading.Lock()  # process-wide: one launch at a time per kernel
@@ -416,67 +335,17 @@ def _launch_slot():
         _launch_lock.release()
 
 
-@contextmanager
-def _rendezvous(num_nodes: int, node_rank: int, master_addr: str, master_port: int | None):
-    """Host the TCPStore on node 0; yield the port the workers meet on.
-
-    With several nodes, node 0 keeps the store until every node's workers are done (each node
-    says so on its way out), as torchrun's agents do: a node whose workers finish first must
-    not pull the store from under the others.
-    """
-    import torch.distributed as dist
-
-    if node_rank != 0:
-        try:
-            yield master_port
-        finally:
-            _say_done(master_addr, master_port, node_rank)
-        return
-    host = "127.0.0.1" if num_nodes == 1 else "0.0.0.0"  # loopback unless asked for more
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind((host, master_port or 0))
-    except OSError as err:
-        sock.close()
-        raise NbaccelError(
-            f"cannot listen on {host}:{master_port}: {err.strerror}. Another job holds that port; "
-            "pick another master_port, or leave it out on one machine to get a free one."
-        ) from err
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    store = dist.TCPStore(
-        "127.0.0.1", port, is_master=True, master_listen_fd=sock.detach(), wait_for_workers=False
-    )
-    succeeded = False
-    try:
-        yield port
-        succeeded = True
-    finally:
-        if num_nodes > 1:
-            keys = [f"nbaccel/done/{k}" for k in range(1, num_nodes)]
-            wait = datetime.timedelta(seconds=120 if succeeded else 5)
-            try:
-                store.wait(keys, wait)
-            except Exception:  # a node that died never says so; it has had its time
-                logger.warning("not every node reported back within %s; closing the store", wait)
-        del store  # closes the listening socket: the port is free again
-
-
-def _say_done(master_addr: str, master_port: int | None, node_rank: int) -> None:
-    import torch.distributed as dist
-
-    try:
-        client = dist.TCPStore(
-            master_addr, master_port, is_master=False, timeout=datetime.timedelta(seconds=10)
-        )
-        client.set(f"nbaccel/done/{node_rank}", "1")
-    except Exception:
-        pass  # node 0 is already gone: nothing waits for us
-
-
-def _run_here(function, args, kwargs, env: dict[str, str], run: Run) -> Any:
+def _run_here(function, args, kwargs, config: LaunchConfig, run: Run) -> Any:
     """One process: run in this process, with the same environment and errors as workers;
     an Accelerator created inside records into ``run``."""
+    with _meeting(config) as port:
+        run.started = time.time()
+        value = _call_here(function, args, kwargs, _worker_envs(config, port, 0)[0], run)
+        run.results, run.finished = {0: value}, time.time()
+    return value
+
+
+def _call_here(function, args, kwargs, env: dict[str, str], run: Run) -> Any:
     from .data import to_cpu
 
     changed = {k: v for k, v in env.items() if os.environ.get(k) != v}

@@ -6,17 +6,15 @@ launcher handed over (``NBACCEL_METRICS_FD``). A datagram is sent whole or not a
 waiting (``MSG_DONTWAIT``): when the notebook is busy the records wait in the buffer, and when
 the buffer is full the oldest are dropped and counted. Logging never blocks and never raises.
 
-Launcher side (``Run``): every record of a launch as plain data (rank, step, time, name, value),
-plus per-rank results and failures; exportable to CSV/JSON and drawn by ``display``.
+Launcher side: ``decode`` turns a datagram back into ``Record``s, which the launching process
+keeps in a ``run.Run``. The names of the library's own counters live here, beside the channel
+that carries them. Nothing here draws: ``display`` imports this module, never the reverse.
 
 Neither side imports torch: values arrive here already converted to floats.
 """
 
 from __future__ import annotations
 
-import csv
-import itertools
-import json
 import os
 import pickle
 import socket
@@ -24,14 +22,18 @@ import time
 import weakref
 from collections import deque
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-CHANNEL_VAR = "NBACCEL_METRICS_FD"
-PANEL_VAR = "NBACCEL_SAVE_PANEL"  # a path: without a notebook, save the final panel there
+from .env import CHANNEL_VAR, PANEL_VAR  # noqa: F401  # PANEL_VAR: kept at its old import path
+
+if TYPE_CHECKING:
+    from .run import Run
+
 #: Counters the library records by itself, cumulative per rank; rates come from differences.
 SAMPLES, STEPS, MEMORY = "nbaccel/samples", "nbaccel/optimizer_steps", "nbaccel/max_memory_mb"
+#: The number of steps the run expects (``Tracker(total_steps=...)``): the progress line's ETA.
+TOTAL_STEPS = "nbaccel/total_steps"
 _PER_DATAGRAM = 40  # records; small enough for macOS's 2 KiB default datagram limit
 
 
@@ -133,130 +135,3 @@ def decode(datagram: bytes) -> tuple[list[Record], int, int]:
     """A datagram from ``Channel.flush``: its records, the sender's rank and drop count."""
     _, rank, dropped, batch = pickle.loads(datagram)
     return [Record(rank, *row) for row in batch], rank, dropped
-
-
-@dataclass
-class Run:
-    """Everything a launch recorded: metrics from every rank, results, failures, timings.
-
-    Pass one to ``notebook_launcher(..., run=run)`` to keep it; ``LaunchError.run`` holds it
-    when a launch fails.
-    """
-
-    records: list[Record] = field(default_factory=list)
-    results: dict[int, Any] = field(default_factory=dict)
-    failures: list[Any] = field(default_factory=list)
-    dropped: dict[int, int] = field(default_factory=dict)
-    world_size: int = 1
-    label: str | None = None  # how the progress line names the ranks, e.g. "rank 0 of 2"
-    device: str | None = None  # what they train on, for the progress line: "CPU", "GPU"
-    started: float = field(default_factory=time.time)
-    finished: float | None = None
-
-    def __post_init__(self) -> None:
-        # (name, rank) -> that rank's records of that name, in order; kept up to date lazily,
-        # so the live view's five-times-a-second progress line costs the same at any length.
-        self._index: dict[tuple[str, int], list[Record]] = {}
-        self._indexed = 0
-
-    def reset(self) -> None:
-        """Forget what was recorded (a restarted launch records from step 0 again); keep what
-        the launch is: its world size, label and device."""
-        kept = {"world_size": self.world_size, "label": self.label, "device": self.device}
-        self.__dict__.update(Run(**kept).__dict__)
-
-    def add(self, records: list[Record]) -> None:
-        self.records += records
-
-    def _sync(self) -> None:
-        for r in self.records[self._indexed :]:
-            self._index.setdefault((r.name, r.rank), []).append(r)
-        self._indexed = len(self.records)
-
-    def _by_rank(self, name: str) -> dict[int, list[Record]]:
-        self._sync()
-        return {rank: rs for (n, rank), rs in sorted(self._index.items()) if n == name}
-
-    def names(self) -> list[str]:
-        """The metric names the user logged (the library's own counters left out)."""
-        self._sync()
-        return sorted({n for n, _ in self._index if not n.startswith("nbaccel/")})
-
-    def series(self, name: str) -> dict[int, tuple[list[int], list[float]]]:
-        """``{rank: (steps, values)}`` for one metric."""
-        return {
-            rank: ([r.step for r in rs], [r.value for r in rs])
-            for rank, rs in self._by_rank(name).items()
-        }
-
-    def mean(self, name: str) -> tuple[list[int], list[float]]:
-        """The metric averaged over the ranks that logged each step."""
-        by_step: dict[int, list[float]] = {}
-        for rs in self._by_rank(name).values():
-            for r in rs:
-                by_step.setdefault(r.step, []).append(r.value)
-        steps = sorted(by_step)
-        return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
-
-    def rates(self, name: str = SAMPLES) -> dict[int, tuple[list[float], list[float]]]:
-        """``{rank: (seconds since start, per second)}`` from a cumulative counter."""
-        out = {}
-        for rank, rs in self._by_rank(name).items():
-            pairs = [
-                (b.time - self.started, (b.value - a.value) / (b.time - a.time))
-                for a, b in itertools.pairwise(rs)
-                if b.time > a.time
-            ]
-            if pairs:
-                out[rank] = ([t for t, _ in pairs], [v for _, v in pairs])
-        return out
-
-    def latest(self, name: str) -> dict[int, float]:
-        """Each rank's last value of a metric."""
-        return {rank: rs[-1].value for rank, rs in self._by_rank(name).items()}
-
-    def latest_step(self, name: str) -> dict[int, int]:
-        return {rank: rs[-1].step for rank, rs in self._by_rank(name).items()}
-
-    def latest_rate(self, name: str = SAMPLES) -> dict[int, float]:
-        """Each rank's rate between its last two records of a cumulative counter."""
-        return {
-            rank: (rs[-1].value - rs[-2].value) / (rs[-1].time - rs[-2].time)
-            for rank, rs in self._by_rank(name).items()
-            if len(rs) > 1 and rs[-1].time > rs[-2].time
-        }
-
-    def to_json(self, path: str | os.PathLike) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps([asdict(r) for r in self.records]))
-        return path
-
-    def to_csv(self, path: str | os.PathLike) -> Path:
-        path = Path(path)
-        with path.open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["rank", "step", "time", "name", "value"])
-            writer.writerows((r.rank, r.step, r.time, r.name, r.value) for r in self.records)
-        return path
-
-    def figure(self, total_steps: int | None = None):
-        """The live panel, redrawn from the records (a matplotlib ``Figure``)."""
-        from .display import figure
-
-        return figure(self, total_steps)
-
-    def save_png(self, path: str | os.PathLike, total_steps: int | None = None) -> Path:
-        from .display import png
-
-        path = Path(path)
-        path.write_bytes(png(self, total_steps))
-        return path
-
-    @classmethod
-    def from_json(cls, path: str | os.PathLike) -> Run:
-        records = [Record(**row) for row in json.loads(Path(path).read_text())]
-        run = cls(records=records)
-        if records:
-            run.started = min(r.time for r in records)
-            run.world_size = max(r.rank for r in records) + 1
-        return run

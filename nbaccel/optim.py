@@ -1,21 +1,24 @@
 """The optimizer and LR-scheduler wrappers that ``Accelerator.prepare`` returns.
 
-They carry the accumulation rules: inside ``accumulate``, ``step()`` does nothing until the
-window's last micro-batch, ``zero_grad()`` keeps gradients that no step has used yet, and the
-scheduler advances only when its optimizer really stepped (``num_processes`` times: see
-``AcceleratedScheduler``). They read the Accelerator's ``sync_gradients``, ``precision``,
-``num_processes``, ``split_batches`` and ``step_scheduler_with_optimizer``; nothing else.
+They carry the accumulation rules, asking the Accelerator's ``AccumulationWindow``
+(``nbaccel.accumulation``): inside ``accumulate``, ``step()`` does nothing until the window's
+last micro-batch, ``zero_grad()`` keeps gradients that no step has used yet, and the scheduler
+advances only when its optimizer really stepped (``num_processes`` times: see
+``AcceleratedScheduler``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .accumulation import AccumulationWindow, GradientAccumulationPlugin
+
 if TYPE_CHECKING:
-    from .accelerator import Accelerator
+    from .precision import Precision
+
+__all__ = ["AcceleratedOptimizer", "AcceleratedScheduler", "GradientAccumulationPlugin"]
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
@@ -24,10 +27,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     Subclasses ``Optimizer`` so LR schedulers accept it; its state lives in the wrapped one.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, accelerator: Accelerator) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, window: AccumulationWindow, precision: Precision
+    ) -> None:
         # Optimizer.__init__ is not called: param_groups and state belong to ``optimizer``.
         self.optimizer = optimizer
-        self._accelerator = accelerator
+        self.window = window
+        self.precision = precision
+        window.track(optimizer)
         self.step_was_skipped = False  # fp16 found inf/NaN gradients on the last real step
         self.stepped = False  # the last step() call changed the weights
 
@@ -56,17 +63,16 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.defaults = value
 
     def step(self, closure=None):  # type: ignore[override]
-        if not self._accelerator.sync_gradients:
+        if not self.window.sync_gradients:
             self.stepped = False  # mid-window: keep accumulating
             return None
-        self.stepped = self._accelerator.precision.step(self.optimizer, closure)
+        self.stepped = self.precision.step(self.optimizer, closure)
         self.step_was_skipped = not self.stepped
-        self._accelerator.tracker.count(optimizer_steps=int(self.stepped))
-        self._accelerator._grads_pending = False
+        self.window.stepped(self.optimizer, self.stepped)
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._accelerator._grads_pending:
+        if self.window.holds_gradients:
             return  # these gradients belong to a window whose step has not happened yet
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
@@ -107,25 +113,30 @@ class AcceleratedScheduler:
     may be topped up), and ``ReduceLROnPlateau``, whose clock is its metric's evaluations,
     steps once per call: N steps with one metric would spend its patience N times as fast.
     (Accelerate steps it N times; this is where nbaccel differs.)
+
+    Args:
+        scheduler: the user's scheduler, built over the user's optimizer.
+        window: the Accelerator's accumulation window.
+        batches_per_step: the loader's batches one optimizer step consumes (``num_processes``;
+            1 with ``split_batches``); ``None`` steps once per call, unconditionally.
     """
 
-    def __init__(self, scheduler: Any, accelerator: Accelerator) -> None:
+    def __init__(
+        self, scheduler: Any, window: AccumulationWindow, batches_per_step: int | None
+    ) -> None:
         self.scheduler = scheduler
-        self._accelerator = accelerator
+        self.window = window
+        plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        self.batches_per_step = 1 if plateau and batches_per_step else batches_per_step
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        accelerator = self._accelerator
-        if not accelerator.step_scheduler_with_optimizer:
+        if self.batches_per_step is None:  # step_scheduler_with_optimizer=False
             self.scheduler.step(*args, **kwargs)
             return
-        raw = self.scheduler.optimizer
-        mine = [o for o in accelerator._optimizers if o.optimizer is raw]
-        if not accelerator.sync_gradients or not all(o.stepped for o in mine):
+        if not self.window.sync_gradients or not self.window.has_stepped(self.scheduler.optimizer):
             return
-        plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-        times = 1 if plateau or accelerator.split_batches else accelerator.num_processes
         total = getattr(self.scheduler, "total_steps", None)
-        for _ in range(times):
+        for _ in range(self.batches_per_step):
             if total is not None and self.scheduler.last_epoch >= total:
                 break  # OneCycleLR raises past its last step
             self.scheduler.step(*args, **kwargs)
@@ -134,35 +145,3 @@ class AcceleratedScheduler:
         if name == "scheduler":
             raise AttributeError(name)
         return getattr(self.scheduler, name)
-
-
-@dataclass(frozen=True)
-class GradientAccumulationPlugin:
-    """Accelerate's accumulation options: ``Accelerator(gradient_accumulation_plugin=...)``.
-
-    Args:
-        num_steps: micro-batches per optimizer step (``gradient_accumulation_steps``).
-        adjust_scheduler: accepted for Accelerate's scripts; either way nbaccel's scheduler
-            counts real optimizer steps (in Accelerate, too, it only moves a counter of torch's
-            that warns about step order, never the learning rate).
-        sync_with_dataloader: end the window on a prepared DataLoader's last batch (default);
-            False lets a window run on into the next epoch.
-        sync_each_batch: all-reduce the gradients on every micro-batch instead of holding them
-            unsynced until the window's end: less memory, more traffic. Same numbers.
-    """
-
-    num_steps: int | None = None
-    adjust_scheduler: bool = True
-    sync_with_dataloader: bool = True
-    sync_each_batch: bool = False
-
-    def __post_init__(self) -> None:
-        steps = self.num_steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(
-                f"GradientAccumulationPlugin(num_steps={steps!r}): give the micro-batches per "
-                "optimizer step as a positive int, e.g. num_steps=4"
-            )
-        for name in ("adjust_scheduler", "sync_with_dataloader", "sync_each_batch"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"GradientAccumulationPlugin({name}=...) must be True or False")

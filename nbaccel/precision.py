@@ -38,7 +38,7 @@ def check_mode(mode: object) -> str:
 class Precision:
     """Autocast context plus loss scaling for one device and one mode."""
 
-    def __init__(self, mode: MixedPrecision, device: torch.device) -> None:
+    def __init__(self, mode: MixedPrecision, device: torch.device, scale: bool = True) -> None:
         import torch  # here, so that checking a mode (the CLI, config files) needs no torch
 
         self.mode = check_mode(mode)
@@ -49,7 +49,8 @@ class Precision:
                 f"mixed_precision='bf16' needs a GPU with bfloat16 support; {device} has none. "
                 "Use mixed_precision='fp16' on this GPU."
             )
-        self.scaler = torch.amp.GradScaler(device.type) if self.mode == "fp16" else None
+        # scale=False: a back end (DeepSpeed) scales fp16 losses itself
+        self.scaler = torch.amp.GradScaler(device.type) if self.mode == "fp16" and scale else None
         self._unscaled: set[int] = set()  # optimizers unscaled since their last step
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -65,12 +66,12 @@ class Precision:
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
 
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+    def unscale_(self, *optimizers: torch.optim.Optimizer) -> None:
         """Bring gradients back to their true size before they are clipped or inspected."""
-        if self.scaler is None or id(optimizer) in self._unscaled:
-            return  # GradScaler refuses a second unscale_ before the step
-        self.scaler.unscale_(optimizer)
-        self._unscaled.add(id(optimizer))
+        for optimizer in optimizers if self.scaler is not None else ():
+            if id(optimizer) not in self._unscaled:  # GradScaler refuses a second unscale_
+                self.scaler.unscale_(optimizer)
+                self._unscaled.add(id(optimizer))
 
     def step(self, optimizer: torch.optim.Optimizer, closure=None) -> bool:
         """Step the optimizer; return False when fp16 found inf/NaN gradients and skipped it."""

@@ -20,8 +20,9 @@ in the training window, summed, over the training seconds; scaling efficiency is
 each worker's threads, so CPU efficiency says more about the machine than about DDP.
 
 The live progress line shows something else: the rate between each rank's last two counter
-records (a quarter second or less), summed, and the wall clock. ``Scaling.live_rate`` recomputes
-that last rate from the same records.
+records (a quarter second or less), summed, and the wall clock. ``Scaling.live_rate`` reads
+that last rate from the same records. Both rates are defined once, with the records
+(``Run.timing``, ``Run.samples_per_s``); the figure is drawn by ``scaling_view``.
 """
 
 from __future__ import annotations
@@ -30,45 +31,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .metrics import SAMPLES, Record, Run
+from .run import Run, Timing
 
-
-@dataclass(frozen=True)
-class Timing:
-    """One launch's clock split at its first and last samples-counter record (seconds), and the
-    samples each rank trained in between."""
-
-    startup: float  # launch -> the first batch handed out on any rank
-    training: float  # -> the last counter record on any rank
-    finish: float  # -> the results back in the launching process
-    wall: float  # the launch, end to end, read from its own two timestamps
-    samples: dict[int, float]  # per rank: every sample handed out from its first record on
-
-    @property
-    def samples_per_s(self) -> float:
-        """All ranks' samples over the training seconds: the launch's throughput."""
-        return sum(self.samples.values()) / self.training if self.training > 0 else 0.0
+__all__ = ["Scaling", "Timing", "measure_scaling", "timing"]
 
 
 def timing(run: Run) -> Timing:
-    """Split ``run``'s clock at the first and last samples-counter record of any rank.
-
-    A prepared DataLoader's counter is first recorded as it hands out the first batch, with
-    that batch counted, so the samples from that record on are exactly the ones trained in the
-    window. (The records and ``run.started`` both read ``time.time()`` on this machine.)"""
-    first: dict[int, Record] = {}
-    last: dict[int, Record] = {}
-    for r in run.records:
-        if r.name == SAMPLES:
-            first.setdefault(r.rank, r)
-            last[r.rank] = r
-    end = run.finished if run.finished is not None else run.started
-    if not first:
-        return Timing(end - run.started, 0.0, 0.0, end - run.started, {})
-    begin = min(r.time for r in first.values())
-    stop = max(r.time for r in last.values())
-    samples = {rank: last[rank].value for rank in sorted(first)}
-    return Timing(begin - run.started, stop - begin, end - stop, end - run.started, samples)
+    """Split ``run``'s clock at the first and last samples-counter record of any rank (the
+    definition lives with the records: ``Run.timing``)."""
+    return run.timing()
 
 
 @dataclass
@@ -89,7 +60,7 @@ class Scaling:
     def live_rate(self, n: int) -> float:
         """What the live progress line showed last: each rank's rate between its last two
         counter records (a quarter second or less), summed. A recent window, not the run."""
-        return sum(self.runs[n].latest_rate(SAMPLES).values())
+        return self.runs[n].samples_per_s()
 
     def rows(self) -> list[dict[str, float]]:
         """One dict per process count: ``processes``, ``samples``, ``startup_s``,
@@ -134,43 +105,13 @@ class Scaling:
     def figure(self):
         """Throughput (with the ideal line), efficiency, and loss against the seconds since
         each run's first training step (start-up left out, as in the table)."""
-        from matplotlib.figure import Figure
+        from .scaling_view import figure  # the drawing side, imported only to draw
 
-        from .display import loss_name
-
-        rows = self.rows()
-        counts = [r["processes"] for r in rows]
-        fig = Figure(figsize=(12, 3.4), dpi=80, layout="constrained")
-        speed_ax, eff_ax, loss_ax = fig.subplots(1, 3)
-        speed_ax.plot(counts, [r["samples_per_s"] for r in rows], "o-", label="measured")
-        if rows:
-            ideal = rows[0]["samples_per_s"] / counts[0]
-            speed_ax.plot(counts, [ideal * n for n in counts], "--", color="gray", label="ideal")
-        speed_ax.set(xlabel="processes", ylabel="samples/s", title="throughput", xticks=counts)
-        speed_ax.legend(fontsize=8)
-        eff_ax.plot(counts, [r["efficiency"] for r in rows], "o-")
-        eff_ax.axhline(1.0, ls="--", color="gray")
-        top = max(
-            [1.2] + [1.1 * r["efficiency"] for r in rows if r["efficiency"] == r["efficiency"]]
-        )
-        eff_ax.set(xlabel="processes", title="scaling efficiency", xticks=counts, ylim=(0, top))
-        for n, run in sorted(self.runs.items()):
-            name = loss_name(run)
-            if name:
-                begin = run.started + self.timing(n).startup  # the first training step
-                by_step = {r.step: r.time for r in run.records if r.name == name}
-                steps, values = run.mean(name)
-                loss_ax.plot([by_step[s] - begin for s in steps], values, label=f"{n} proc")
-                loss_ax.set(ylabel=name)
-        loss_ax.set(xlabel="seconds since the first training step", title="loss")
-        if loss_ax.lines:
-            loss_ax.legend(fontsize=8)
-        return fig
+        return figure(self)
 
     def save_png(self, path: str) -> None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-        FigureCanvasAgg(self.figure()).print_png(path)
+        with open(path, "wb") as f:
+            f.write(self._repr_png_())
 
     def _repr_markdown_(self) -> str:
         return self.table()

@@ -19,14 +19,16 @@ import contextlib
 import enum
 import functools
 import gc
-import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from .env import CPU_VAR, DistEnv, backend_for, choose_device
+from . import collectives
+from .collectives import Reduction
+from .env import DistEnv, backend_for, choose_device
+from .launch_config import LaunchConfig
 
 
 class DistributedType(str, enum.Enum):
@@ -68,9 +70,10 @@ class PartialState:
     def __init__(self, cpu: bool | None = None) -> None:
         self.env = DistEnv.from_environ()
         if cpu is None:
-            cpu = os.environ.get(CPU_VAR) == "1"
+            cpu = bool(LaunchConfig.from_environ().cpu)
         self.device = choose_device(self.env.local_rank, cpu=cpu)
         self._owns_process_group = False
+        self._triggered = False  # set_trigger since the last check_trigger
         if self.env.is_distributed and not dist.is_initialized():
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
@@ -210,6 +213,38 @@ class PartialState:
             return function(*args, **kwargs) if here or not self.use_distributed else None
 
         return run
+
+    # -- collectives (nbaccel.collectives, on the default process group) -----------------------
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate each tensor across ranks along dim 0, in rank order (0-d tensors stack).
+
+        Every rank must pass tensors of the same shape (else every rank raises a ``ValueError``
+        naming each rank's shape); see ``pad_across_processes``.
+        """
+        return collectives.gather(tensor)
+
+    def reduce(self, tensor: Any, reduction: Reduction = "sum", scale: float = 1.0) -> Any:
+        """Sum (the default here, as in Accelerate's Accelerator), average, max or min each tensor
+        across ranks; every rank gets the result."""
+        return collectives.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad each tensor along ``dim`` to the largest size on any rank, so it can be gathered."""
+        return collectives.pad_across_processes(tensor, dim, pad_index, pad_first)
+
+    # -- one rank stops everyone (early stopping, a NaN loss) -----------------------------------
+    def set_trigger(self) -> None:
+        """Raise this rank's flag; the next ``check_trigger`` on every rank sees it."""
+        self._triggered = True
+
+    def check_trigger(self) -> bool:
+        """True on every rank when any rank called ``set_trigger`` since the last check (the
+        flags are then lowered). A collective: every rank must call it at the same point."""
+        flag = collectives.reduce(torch.tensor(float(self._triggered), device=self.device), "max")
+        self._triggered = False
+        return bool(flag.item())
 
     # -- the end ---------------------------------------------------------------------------------
     def destroy_process_group(self) -> None:

@@ -1,99 +1,31 @@
-"""The launcher's side of a launch: the fork server client and the supervisor of one launch.
+"""The supervisor of one launch, on the launcher's side.
 
-``ForkServer`` starts ``forkserver.py`` (one per kernel) and talks to it; ``Launch`` starts a
-launch's workers through it, relays their output line by line, receives their results, errors
-and metrics, stops everyone when one fails, and decides which failure was the root cause.
+``Launch`` starts a launch's workers through the fork server (``ForkServer``, in
+``forkserver_client.py``), relays their output line by line, receives their results, errors and
+metrics (typed messages of ``protocol.py``), stops everyone when one fails, and decides which
+failure was the root cause (``errors.py`` words it).
 """
 
 from __future__ import annotations
 
-import atexit
 import itertools
-import linecache
 import os
-import pickle
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Literal
 
-from .errors import LaunchError, RankFailure
-from .metrics import Run, decode
+from .errors import LaunchError, RankFailure, by_priority, root_cause_report
+from .forkserver_client import ForkServer, shared_server
+from .metrics import decode as decode_records
+from .protocol import Exited, Failure, Message, Result, WorkerSpec, decode
+from .run import Run
 
 GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL when stopping workers
-
-
-# -- the fork server, one per kernel -------------------------------------------------------------
-class ForkServer:
-    """The launcher's end of ``forkserver.py``: start workers, signal them, hear their exits."""
-
-    def __init__(self) -> None:
-        ours, theirs = socket.socketpair()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "nbaccel.forkserver", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,  # Jupyter's interrupt signals the kernel, not the server
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
-        )
-        theirs.close()
-        self.sock = ours
-        self.pending: list[dict] = []  # exit reports that arrived while waiting for "started"
-
-    def start(self, launch: int, specs: list[dict], fds: list[int]) -> list[int]:
-        from .forkserver import recv_message, send_message
-
-        send_message(self.sock, {"kind": "launch", "launch": launch, "workers": specs}, fds)
-        while True:
-            message, _ = recv_message(self.sock)
-            if message["kind"] == "started" and message["launch"] == launch:
-                return message["pids"]
-            self.pending.append(message)
-
-    def signal(self, launch: int, sig: int) -> None:
-        from .forkserver import send_message
-
-        send_message(self.sock, {"kind": "signal", "launch": launch, "signal": sig})
-
-    def receive(self) -> dict:
-        from .forkserver import recv_message
-
-        return self.pending.pop(0) if self.pending else recv_message(self.sock)[0]
-
-    def close(self) -> None:
-        self.sock.close()  # the server sees EOF, kills any workers, and exits
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-_servers: dict[int, ForkServer] = {}  # process-wide by design: one helper per kernel, by pid
-
-
-def shared_server() -> ForkServer:
-    server = _servers.get(os.getpid())
-    if server is not None and server.process.poll() is not None:
-        server.sock.close()  # it died between launches: replace it
-        server = None
-    if server is None:
-        server = _servers[os.getpid()] = ForkServer()
-    return server
-
-
-@atexit.register
-def _close_servers() -> None:
-    server = _servers.pop(os.getpid(), None)
-    if server is not None:
-        server.close()
 
 
 # -- one launch ----------------------------------------------------------------------------------
@@ -109,36 +41,39 @@ class _Rank:
     pid: int | None = None
     exit_code: int | None = None
     result: bytes | None = None
-    error: dict | None = None
+    error: Failure | None = None
     metrics: socket.socket | None = None  # datagrams from the worker's metrics.Channel
     signaled: bool = False  # still running when the launch began to stop the workers
     partial: dict[int, bytes] = field(default_factory=dict)
 
 
-class Launch:
-    """One attempt: start the workers, supervise them to the end, return or raise.
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What one attempt starts, and how it is watched.
 
     ``monitor_interval`` is the longest the supervisor sleeps between its own checks (the
     timeout, the grace before SIGKILL, a live view's redraw); exits, errors and output wake it
-    at once. The caller owns ``view`` and closes it.
+    at once.
     """
 
-    def __init__(
-        self,
-        start_method,
-        envs,
-        threads,
-        payload,
-        timeout,
-        output,
-        run=None,
-        view=None,
-        monitor_interval=0.1,
-    ) -> None:
-        self.start_method, self.envs, self.threads = start_method, envs, threads
-        self.payload, self.timeout, self.output = payload, timeout, output
+    envs: tuple[dict[str, str], ...]  # one whole environment per worker on this machine
+    payload: bytes  # the call, packed by protocol.pack_call
+    threads: int = 1  # torch threads per worker
+    start_method: Literal["forkserver", "spawn"] = "forkserver"
+    timeout: float | None = None  # seconds, then every unfinished rank is stopped
+    output: Literal["all", "main"] = "all"  # whose output to show
+    monitor_interval: float = 0.1
+
+
+class Launch:
+    """One attempt: start the workers, supervise them to the end, return or raise.
+
+    The caller owns ``view`` (a live view to update while waiting) and closes it.
+    """
+
+    def __init__(self, spec: LaunchSpec, *, run: Run | None = None, view=None) -> None:
+        self.spec = spec
         self.run, self.view = run if run is not None else Run(), view
-        self.monitor_interval = monitor_interval
         self.id = next(_launch_ids)
         self.ranks: list[_Rank] = []
         self.failed_order: list[int] = []
@@ -148,7 +83,7 @@ class Launch:
         self.server_died = False
 
     def execute(self) -> list[Any]:
-        server = shared_server() if self.start_method == "forkserver" else ForkServer()
+        server = shared_server() if self.spec.start_method == "forkserver" else ForkServer()
         try:
             try:
                 self._start(server)
@@ -179,7 +114,7 @@ class Launch:
 
     def _start(self, server: ForkServer) -> None:
         specs, worker_fds = [], []
-        for rank, env in enumerate(self.envs):
+        for rank, env in enumerate(self.spec.envs):
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             ours, theirs = socket.socketpair()
@@ -189,15 +124,7 @@ class Launch:
                 _Rank(int(env["RANK"]), out_r, err_r, Connection(ours.detach()), metrics=metrics)
             )
             worker_fds += [out_w, err_w, theirs.detach(), their_metrics.detach()]
-            specs.append(
-                {
-                    "env": env,
-                    "cwd": os.getcwd(),
-                    "sys_path": list(sys.path),
-                    "threads": self.threads,
-                    "local_rank": rank,
-                }
-            )
+            specs.append(WorkerSpec(env, os.getcwd(), list(sys.path), self.spec.threads, rank))
         try:
             pids = server.start(self.id, specs, worker_fds)
         finally:
@@ -206,7 +133,7 @@ class Launch:
         for r, pid in zip(self.ranks, pids, strict=True):
             r.pid = pid
             try:
-                r.channel.send_bytes(self.payload)
+                r.channel.send_bytes(self.spec.payload)
             except OSError:
                 pass  # it died already; its exit report says how
 
@@ -230,11 +157,8 @@ class Launch:
                     drain_until = drain_until or now + 1.0  # late output from a dying process
                     if now > drain_until or not self._open_streams(selector):
                         return
-                if (
-                    self.timeout is not None
-                    and now - started > self.timeout
-                    and not self.stopping_since
-                ):
+                timeout = self.spec.timeout
+                if timeout is not None and now - started > timeout and not self.stopping_since:
                     self.timed_out = True
                     self._stop(server)
                 if (
@@ -248,7 +172,7 @@ class Launch:
                     self.view.update(self.run)
                 while server.pending:
                     self._on_server(server.pending.pop(0), server, selector)
-                for key, _ in selector.select(timeout=self.monitor_interval):
+                for key, _ in selector.select(timeout=self.spec.monitor_interval):
                     if key.fileobj not in _watched(selector):
                         continue  # unregistered by an earlier event of this round
                     rank, what = key.data
@@ -270,12 +194,12 @@ class Launch:
     def _open_streams(self, selector) -> bool:
         return any(isinstance(key.data[1], int) for key in selector.get_map().values())
 
-    def _on_server(self, message: dict, server: ForkServer, selector) -> None:
-        if message["kind"] != "exited":
+    def _on_server(self, message: Message, server: ForkServer, selector) -> None:
+        if not isinstance(message, Exited):
             return
         for r in self.ranks:
-            if r.pid == message["pid"] and r.exit_code is None:
-                r.exit_code = message["code"]
+            if r.pid == message.pid and r.exit_code is None:
+                r.exit_code = message.code
                 # What it sent before exiting is already in the socket: read it before judging.
                 while r.channel in _watched(selector) and r.channel.poll(0):
                     self._on_channel(r, selector, server)
@@ -290,13 +214,13 @@ class Launch:
 
     def _on_channel(self, r: _Rank, selector, server: ForkServer) -> None:
         try:
-            message = pickle.loads(r.channel.recv_bytes())
+            message = decode(r.channel.recv_bytes())
         except (EOFError, OSError):
             _forget(selector, r.channel)  # also reached from an exit report in this round
             return
-        if message["kind"] == "result":
-            r.result = message["value"]
-        elif message["kind"] == "error":
+        if isinstance(message, Result):
+            r.result = message.value
+        elif isinstance(message, Failure):
             r.error = message
             self._fail(r, server)
 
@@ -306,7 +230,7 @@ class Launch:
                 datagram = r.metrics.recv(1 << 16)
             except (BlockingIOError, OSError):
                 return
-            records, rank, dropped = decode(datagram)
+            records, rank, dropped = decode_records(datagram)
             self.run.add(records)
             self.run.dropped[rank] = dropped
 
@@ -323,7 +247,7 @@ class Launch:
             _forget(selector, fd)
             lines, rest = ([rest] if rest else []), b""
         r.partial[fd] = rest
-        if self.output == "main" and r.rank != 0:
+        if self.spec.output == "main" and r.rank != 0:
             return
         stream = sys.stdout if fd == r.out else sys.stderr
         for line in lines:
@@ -359,34 +283,18 @@ class Launch:
         if self.timed_out and not any(f.exc_type for f in failures if not f.secondary):
             late = [r.rank for r in self.ranks if r.signaled]
             raise LaunchError(
-                f"timeout: ranks {late} had not finished after {self.timeout} s and were stopped. "
+                f"timeout: ranks {late} had not finished after {self.spec.timeout} s and were "
+                "stopped. "
                 "A rank stuck in a collective usually means another rank skipped it.",
                 failures,
                 self.run,
             ) from None
         if self.server_died and not failures:
             raise LaunchError("nbaccel's fork server died; the next launch starts a new one")
-        root = failures[0]
-        lines = [root.describe()]
-        if root.traceback:
-            header = f"Traceback on rank {root.rank} (most recent call last):"
-            text = root.traceback.replace("Traceback (most recent call last):", header)
-            lines += ["", text.rstrip()]
-        others = [
-            f.describe() + (" (stopped by nbaccel)" if self._by_us(f) else "") for f in failures[1:]
-        ]
-        if others:
-            lines += ["", "Other ranks:"] + [f"  {o}" for o in others]
+        stopped = {f.rank for f in failures if self._by_us(f)}
         finished = [r.rank for r in self.ranks if self._returned(r.rank)]
-        if root.secondary and finished:
-            lines += [
-                "",
-                f"Ranks {finished} had already returned while rank {root.rank} waited for them "
-                "in a collective: the ranks ran different numbers of steps (a different number "
-                "of batches, or a loop that stops on one rank's clock or data). Make every "
-                "rank stop at the same step.",
-            ]
-        raise LaunchError("\n".join(lines), failures, self.run) from None
+        report = root_cause_report(failures, stopped, finished)
+        raise LaunchError(report, failures, self.run) from None
 
     def _returned(self, rank: int) -> bool:
         return any(r.rank == rank and r.result is not None for r in self.ranks)
@@ -401,37 +309,18 @@ class Launch:
         failures = []
         for r in self.ranks:
             if r.error is not None:
-                exc = r.error["exception"]
+                exc, secondary = r.error.exception, r.error.collective
                 failures.append(
-                    RankFailure(
-                        r.rank,
-                        r.pid,
-                        r.exit_code,
-                        exc["type"],
-                        exc["message"],
-                        format_exception(exc),
-                        secondary=r.error["collective"],
-                    )
-                )
+                    RankFailure(r.rank, r.pid, r.exit_code, exc.type, exc.message, exc.format(),
+                                secondary=secondary)
+                )  # fmt: skip
             elif r.exit_code not in (0, None) or (r.exit_code == 0 and r.result is None):
                 note = "without returning a result" if r.exit_code == 0 else ""
                 failures.append(RankFailure(r.rank, r.pid, r.exit_code, message=note))
         failures = [replace(f, secondary=f.secondary or self._by_us(f)) for f in failures]
         # A rank that returned its value and was stopped while leaving did nothing wrong.
         failures = [f for f in failures if not (self._returned(f.rank) and self._by_us(f))]
-        order = {rank: i for i, rank in enumerate(self.failed_order)}
-
-        def priority(f: RankFailure):
-            # real errors first, then hard deaths, then ranks that only lost a peer or that we
-            # stopped; ties broken by the order in which the failures arrived
-            return (
-                f.secondary,
-                f.exc_type is None,
-                order.get(f.rank, len(order)),
-                f.rank,
-            )
-
-        return sorted(failures, key=priority)
+        return by_priority(failures, self.failed_order)
 
     def _finish(self, server: ForkServer) -> None:
         if any(r.exit_code is None for r in self.ranks):  # an error inside the launcher itself
@@ -448,7 +337,7 @@ class Launch:
             r.channel.close()
             if r.metrics is not None:
                 r.metrics.close()
-        if self.start_method == "spawn":
+        if self.spec.start_method == "spawn":
             server.close()
 
 
@@ -459,35 +348,3 @@ def _forget(selector, fileobj) -> None:
 
 def _watched(selector) -> list:
     return [key.fileobj for key in selector.get_map().values()]
-
-
-def format_exception(exc: dict) -> str:
-    """A worker's exception (plain data) as Python prints it, with source lines filled in here.
-
-    Functions defined in notebook cells have their source in this kernel's line cache, not in
-    the worker's, so the lines are looked up on this side.
-    """
-    parts = []
-    if exc.get("cause"):
-        parts += [
-            format_exception(exc["cause"]),
-            "\nThe above exception was the direct cause of the following exception:\n\n",
-        ]
-    elif exc.get("context"):
-        parts += [
-            format_exception(exc["context"]),
-            "\nDuring handling of the above exception, another exception occurred:\n\n",
-        ]
-    frames = [
-        (filename, lineno, name, line or linecache.getline(filename, lineno or 0).strip())
-        for filename, lineno, name, line in exc["frames"]
-    ]
-    name = (
-        exc["type"]
-        if exc["module"] in ("builtins", "__main__")
-        else f"{exc['module']}.{exc['type']}"
-    )
-    parts.append("Traceback (most recent call last):\n")
-    parts += traceback.StackSummary.from_list(frames).format()
-    parts.append(f"{name}: {exc['message']}\n" if exc["message"] else f"{name}\n")
-    return "".join(parts)

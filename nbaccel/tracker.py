@@ -13,14 +13,25 @@ main process draws them: a panel in a notebook, a progress line in a terminal.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .display import LiveView
-from .env import DistEnv
-from .metrics import CHANNEL_VAR, MEMORY, PANEL_VAR, SAMPLES, STEPS, Channel, Run, local_run
+from .env import CHANNEL_VAR, PANEL_VAR, DistEnv, device_label
+from .metrics import (
+    MEMORY,
+    SAMPLES,
+    STEPS,
+    TOTAL_STEPS,
+    Channel,
+    local_run,
+)
+from .run import Run
+
+if TYPE_CHECKING:
+    from .display import LiveView  # a type here: display is imported only to draw (below)
 
 
 class Tracker:
@@ -32,6 +43,8 @@ class Tracker:
         live: draw the view on the main process when nobody else does (``False``: only record),
             or a ``LiveView`` to draw into.
         memory: a callable returning this rank's peak memory in MiB, sampled with the counters.
+        device: the device the loop trains on (the Accelerator's): it names the run's device
+            unless a launcher's run did, and on CUDA gives ``memory`` (the peak allocated).
         clock: seconds for the quarter-second pace of the counters (tests pass their own).
     """
 
@@ -41,6 +54,7 @@ class Tracker:
         live: bool | LiveView = True,
         memory: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        device: Any = None,
     ) -> None:
         env = DistEnv.from_environ()
         self.rank = env.rank
@@ -49,9 +63,13 @@ class Tracker:
             self.run = local_run.get() or Run(world_size=1)
             if env.is_distributed:
                 self.run.label = f"rank {env.rank} of {env.world_size}"
+        if device is not None and self.run is not None and self.run.device is None:
+            self.run.device = device_label(device.type)
+        if device is not None and device.type == "cuda" and memory is None:
+            memory = functools.partial(_peak_memory_mb, device)
         self.channel = Channel.from_environ(env.rank, self.run)
         self._live = bool(live) and self.run is not None and env.rank == 0
-        self._view: LiveView | None = live if isinstance(live, LiveView) else None
+        self._view: LiveView | None = None if isinstance(live, bool | int) else live
         self._memory = memory
         self.clock = clock
         self.samples = 0  # cumulative on this rank
@@ -70,7 +88,7 @@ class Tracker:
     @total_steps.setter
     def total_steps(self, value: int) -> None:
         self._total_steps = value
-        self.channel.add(0, {"nbaccel/total_steps": float(value)})
+        self.channel.add(0, {TOTAL_STEPS: float(value)})
 
     def log(
         self, values: Mapping[str, Any], step: int | None = None, samples: int | None = None
@@ -110,7 +128,7 @@ class Tracker:
         self._record_counters()
         self.channel.tick()
         if self._live:
-            self._view = self._view or LiveView(save_png=os.environ.get(PANEL_VAR))
+            self._view = self._view or _new_view()
             self._view.update(self.run)
 
     def epoch_done(self) -> None:
@@ -143,3 +161,17 @@ class Tracker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _new_view() -> LiveView:
+    """The main process's view of a loop that no launcher draws: only now is ``display``
+    imported, so a worker that sends its numbers to the notebook never imports it."""
+    from .display import LiveView
+
+    return LiveView(save_png=os.environ.get(PANEL_VAR))
+
+
+def _peak_memory_mb(device: Any) -> float:
+    import torch  # only a CUDA run samples it
+
+    return torch.cuda.max_memory_allocated(device) / 2**20

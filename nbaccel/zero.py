@@ -31,14 +31,9 @@ import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-from .optim import AcceleratedOptimizer
-
-if TYPE_CHECKING:
-    from .accelerator import Accelerator
 
 TAG = "deepspeed"  # the engine's checkpoint folder inside a save_state directory
 INSTALL_HINT = (
@@ -293,32 +288,6 @@ def _read(source: Mapping[str, Any] | str | os.PathLike | None) -> dict[str, Any
     if not isinstance(data, dict):
         raise ValueError(f"DeepSpeed config file {path} must hold a JSON object")
     return data
-
-
-class DeepSpeedOptimizer(AcceleratedOptimizer):
-    """The user's optimizer, stepped by the engine: ``step()`` is ``engine.step()``.
-
-    The engine zeroes the gradients after its step, so ``zero_grad()`` does nothing.
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, accelerator: Accelerator, engine: Any):
-        super().__init__(optimizer, accelerator)
-        self.engine = engine
-
-    def step(self, closure=None):  # type: ignore[override]
-        if closure is not None:
-            raise ValueError("optimizer.step(closure) is not supported under DeepSpeed")
-        self.engine.step()
-        self.stepped = self._accelerator.sync_gradients and self.engine.was_step_applied()
-        self.step_was_skipped = self._accelerator.sync_gradients and not self.stepped
-        self._accelerator.tracker.count(optimizer_steps=int(self.stepped))
-        self._accelerator._grads_pending = False
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        return None
-
-    def __repr__(self) -> str:
-        return f"DeepSpeedOptimizer({self.optimizer!r})"
 
 
 def is_engine(model: Any) -> bool:

@@ -8,7 +8,8 @@ import sys
 import time
 
 from nbaccel.display import ConsoleFrontend, LiveView, Panel, figure, png, progress
-from nbaccel.metrics import SAMPLES, STEPS, Record, Run
+from nbaccel.metrics import SAMPLES, STEPS, Record
+from nbaccel.run import Run
 
 
 class Clock:
@@ -186,8 +187,8 @@ def test_a_saved_panel(tmp_path):
 
 def test_the_display_side_imports_no_torch():
     code = (
-        "import sys, nbaccel.display as d, nbaccel.metrics as m\n"
-        "run = m.Run(); run.add([m.Record(0, 0, 0.0, 'loss', 1.0)]); d.png(run)\n"
+        "import sys, nbaccel.display as d, nbaccel.metrics as m, nbaccel.run as r\n"
+        "run = r.Run(); run.add([m.Record(0, 0, 0.0, 'loss', 1.0)]); d.png(run)\n"
         "print(sorted(k for k in sys.modules if k.split('.')[0] == 'torch'))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

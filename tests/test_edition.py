@@ -1,5 +1,5 @@
 """The Arabic edition (notebooks/ar/): the same code as the English lessons, Markdown translated,
-right to left, and up to date with the English text. nbaccel.lessons.edition builds it."""
+right to left, and up to date with the English text. lessonbuild.edition builds it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import nbformat
 import pytest
 
-from nbaccel.lessons import edition, runner
+from lessonbuild import edition, runner
 
 LESSONS = runner.lessons()
 GLOSSARY = {  # the course's own terms (issue 8), each listed in notebooks/ar/README.md
@@ -199,7 +199,8 @@ def test_no_arabic_reaches_a_plot(english):
 
 def test_the_live_panel_has_no_arabic_text():
     from nbaccel.display import Panel
-    from nbaccel.metrics import Record, Run
+    from nbaccel.metrics import Record
+    from nbaccel.run import Run
 
     run = Run(world_size=2)
     run.add([Record(rank, 0, 0.0, "loss", 1.0) for rank in (0, 1)])

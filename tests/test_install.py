@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nbaccel.lessons import runner
+from lessonbuild import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "<!-- tests/test_install.py runs this block as it stands, in a copy of the clone -->"

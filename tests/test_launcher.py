@@ -315,20 +315,14 @@ def test_a_dead_fork_server_is_replaced_or_named(monkeypatch):
 
 def test_the_root_cause_is_the_rank_that_died_not_the_one_that_lost_it():
     """Rank 1 dies of SIGKILL; rank 0's all-reduce fails first, then rank 1's exit arrives."""
-    from nbaccel.supervisor import Launch, _Rank
+    from nbaccel.protocol import ExceptionData, Failure
+    from nbaccel.supervisor import Launch, LaunchSpec, _Rank
 
-    launch = Launch("forkserver", [], 1, b"", None, "all")
-    lost_peer = {
-        "exception": {
-            "type": "RuntimeError",
-            "module": "builtins",
-            "frames": [],
-            "message": "gloo: Connection closed by peer",
-            "cause": None,
-            "context": None,
-        },
-        "collective": True,
-    }
+    launch = Launch(LaunchSpec(envs=(), payload=b""))
+    lost_peer = Failure(
+        ExceptionData("RuntimeError", "builtins", "gloo: Connection closed by peer"),
+        collective=True,
+    )
     rank0 = _Rank(0, -1, -1, None, pid=10, exit_code=1, error=lost_peer)
     rank1 = _Rank(1, -1, -1, None, pid=11, exit_code=-signal.SIGKILL, signaled=True)
     launch.ranks, launch.failed_order = [rank0, rank1], [0, 1]

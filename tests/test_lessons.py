@@ -12,7 +12,7 @@ import sys
 import nbformat
 import pytest
 
-from nbaccel.lessons import runner
+from lessonbuild import runner
 
 LESSONS = runner.lessons()
 NAMES = [
@@ -78,7 +78,8 @@ def make_notebook(path, *sources: str, tag_last: bool = False) -> None:
 PANEL = """
 from IPython.display import Image, display
 from nbaccel.display import png
-from nbaccel.metrics import Record, Run
+from nbaccel.metrics import Record
+from nbaccel.run import Run
 run = Run()
 run.add([Record(0, s, 100.0 + s, "loss", 1 / (s + 1)) for s in range(5)])
 display(Image(png(run)))

@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from nbaccel import Accelerator, Tracker, notebook_launcher
 from nbaccel.display import progress
-from nbaccel.metrics import SAMPLES, STEPS, Channel, Record, Run, decode
+from nbaccel.metrics import SAMPLES, STEPS, Channel, Record, decode
+from nbaccel.run import Run
 
 
 @pytest.fixture

@@ -161,7 +161,7 @@ def test_the_figure_labels_every_curve_a_projection_and_the_measurements_as_such
 
 def test_the_whatif_panel_redraws_from_its_controls(monkeypatch):
     import nbaccel.env
-    import nbaccel.projection as projection
+    import nbaccel.projection.view as projection  # whatif draws through the view's figure
 
     drawn = []
     real = projection.figure
@@ -188,7 +188,7 @@ def test_the_whatif_panel_redraws_from_its_controls(monkeypatch):
 
 
 def test_without_a_notebook_the_whatif_panel_is_one_static_figure(monkeypatch):
-    import nbaccel.projection as projection
+    import nbaccel.projection.view as projection  # whatif draws through the view's figure
 
     drawn = []
     real = projection.figure
@@ -200,7 +200,7 @@ def test_without_a_notebook_the_whatif_panel_is_one_static_figure(monkeypatch):
 
 def test_without_ipywidgets_the_whatif_panel_is_one_static_figure(monkeypatch):
     import nbaccel.env
-    import nbaccel.projection as projection
+    import nbaccel.projection.view as projection  # whatif draws through the view's figure
 
     drawn = []
     real = projection.figure

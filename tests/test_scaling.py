@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from nbaccel.metrics import SAMPLES, Record, Run
+from nbaccel.metrics import SAMPLES, Record
+from nbaccel.run import Run
 from nbaccel.scaling import Scaling, measure_scaling
 
 pytestmark = pytest.mark.multiprocess
@@ -166,3 +167,29 @@ def test_a_run_without_counters_has_only_start_up():
     run = Run(world_size=1, started=5.0, finished=7.0)
     t = Scaling(runs={1: run}).timing(1)
     assert (t.startup, t.training, t.wall, t.samples_per_s) == (2.0, 0.0, 2.0, 0.0)
+
+
+def test_the_live_rate_is_the_one_the_progress_line_shows():
+    from nbaccel.display import progress
+
+    run = Run(world_size=2, started=0.0, finished=3.0)
+    run.add(counters(0, [(1.0, 32.0), (2.0, 132.0)]))
+    run.add(counters(1, [(1.0, 32.0), (1.5, 82.0)]))
+    scaling = Scaling(runs={2: run})
+    assert run.samples_per_s() == scaling.live_rate(2) == pytest.approx(100.0 + 100.0)
+    assert "200 samples/s" in progress(run)  # one definition, read by both
+    assert scaling.timing(2) == run.timing()  # the window, defined with the records
+
+
+def test_the_figure_is_drawn_by_the_drawing_side():
+    import nbaccel.scaling_view
+
+    run = Run(world_size=1, started=0.0, finished=3.0)
+    run.add(counters(0, [(1.0, 32.0), (2.0, 132.0)]))
+    run.add([Record(0, s, 1.0 + s / 2, "loss", 1.0 / (s + 1)) for s in range(3)])
+    fig = nbaccel.scaling_view.figure(Scaling(runs={1: run}))
+    speed, efficiency, loss = fig.axes
+    assert [line.get_label() for line in speed.lines] == ["measured", "ideal"]
+    assert [line.get_label() for line in loss.lines] == ["1 proc"]
+    assert efficiency.lines[0].get_ydata()[0] == pytest.approx(1.0)
+    assert len(Scaling(runs={1: run}).figure().axes) == 3

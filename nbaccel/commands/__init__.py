@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import LaunchConfig, load_config
+from ..config import Defaults, load_config
 from ..errors import NbaccelError
 
 
@@ -21,7 +21,7 @@ class UsageError(CommandError, ValueError):
     """Arguments that do not fit together; ``nbaccel`` prints usage and exits with 2."""
 
 
-def saved_config() -> LaunchConfig:
+def saved_config() -> Defaults:
     """The ``nbaccel config`` defaults, or a CommandError that says how to repair the file."""
     try:
         return load_config()

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import TypeVar
 
-from ..config import LaunchConfig, config_path, load_config, save_config
+from ..config import Defaults, config_path, load_config, save_config
 from ..precision import MODES
 from . import CommandError, UsageError, positive_int, saved_config
 
@@ -65,7 +65,7 @@ def config_command(args: argparse.Namespace) -> int:
             raise UsageError("`nbaccel config show` takes no other arguments")
         return show()
     if given or args.default:
-        base = LaunchConfig() if args.default else saved_config()
+        base = Defaults() if args.default else saved_config()
         if given.get("fsdp"):  # one way to shard: asking for one turns the other off
             base = replace(base, zero_stage=None)
         if given.get("zero_stage") is not None:
@@ -84,22 +84,22 @@ def config_command(args: argparse.Namespace) -> int:
 def show() -> int:
     path = config_path()
     if not path.is_file():
-        print(f"{path} (no file yet: the built-in defaults apply)\n{render(LaunchConfig())}")
+        print(f"{path} (no file yet: the built-in defaults apply)\n{render(Defaults())}")
         return 0
     print(f"{path}\n{path.read_text().rstrip()}")
     saved_config()  # says what is wrong with the file, if anything
     return 0
 
 
-def current() -> LaunchConfig:
+def current() -> Defaults:
     try:
         return load_config()
     except ValueError as err:
         print(f"{err}\nStarting from the built-in defaults instead.")
-        return LaunchConfig()
+        return Defaults()
 
 
-def ask_all(config: LaunchConfig) -> LaunchConfig:
+def ask_all(config: Defaults) -> Defaults:
     print("Enter keeps the value in brackets. " + WHERE.format(path=config_path()))
     n = ask(
         "Processes per machine (a number, or auto: one per GPU, else 1)",
@@ -113,7 +113,7 @@ def ask_all(config: LaunchConfig) -> LaunchConfig:
     if not fsdp:
         now = "none" if config.zero_stage is None else str(config.zero_stage)
         zero_stage = ask("Train through DeepSpeed at ZeRO stage (none, 0, 1, 2, 3)", now, stage)
-    return LaunchConfig(
+    return Defaults(
         None if n == "auto" else n,  # type: ignore[arg-type]
         mixed,
         cpu,
@@ -162,5 +162,5 @@ def yes_no(text: str) -> bool:
     return text.lower().startswith("y")
 
 
-def render(config: LaunchConfig) -> str:
+def render(config: Defaults) -> str:
     return json.dumps(asdict(config), indent=2)

@@ -1,9 +1,10 @@
 """``nbaccel launch``: run a script on N processes through torch's own elastic launcher.
 
 This builds a ``torchrun`` command line (``python -m torch.distributed.run``), the engine that
-also scales to many nodes, and adds three things: defaults from ``nbaccel config``, the launch
-defaults that ``Accelerator()`` reads (``NBACCEL_MIXED_PRECISION``, ``NBACCEL_CPU``), and one
-line at the end of a failed run that names the failing rank and its exit code.
+also scales to many nodes. The flags become the same ``LaunchConfig`` that ``notebook_launcher``
+builds (defaults from ``nbaccel config``, every check in ``launch_config.py``), whose variables
+(``NBACCEL_MIXED_PRECISION``, ``NBACCEL_CPU``...) ``Accelerator()`` reads in each process; a
+failed run ends with one line that names the failing rank and its exit code.
 """
 
 from __future__ import annotations
@@ -13,17 +14,9 @@ import os
 import signal
 import sys
 
-from ..config import resolve_sharding
-from ..env import (
-    CPU_VAR,
-    DEEPSPEED_VAR,
-    FSDP_VAR,
-    MIXED_PRECISION_VAR,
-    accelerate_defaults,
-    threads_per_worker,
-    visible_gpus,
-)
-from ..metrics import PANEL_VAR
+from ..env import PANEL_VAR
+from ..launch_config import FLAGS, LaunchConfig
+from ..launch_config import check_gpus as launch_check_gpus
 from ..precision import MODES
 from . import UsageError, positive_int, saved_config
 from .torchrun import run_torchrun
@@ -82,28 +75,12 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 
 def launch_command(args: argparse.Namespace) -> int:
-    check_arguments(args)
-    config = saved_config()
-    cpu = config.cpu if args.cpu is None else args.cpu
-    gpus = 0 if cpu else visible_gpus()
-    nproc = args.num_processes or config.num_processes or max(gpus, 1)
-    check_gpus(nproc, gpus)
-    try:
-        fsdp, zero_stage = resolve_sharding(config, args.fsdp, args.deepspeed, args.zero_stage)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    env = {
-        **os.environ,
-        MIXED_PRECISION_VAR: args.mixed_precision or config.mixed_precision,
-        CPU_VAR: "1" if cpu else "0",
-        FSDP_VAR: "1" if fsdp else "0",
-        DEEPSPEED_VAR: "" if zero_stage is None else str(zero_stage),
-    }
-    env.update(accelerate_defaults(gpus, env[MIXED_PRECISION_VAR]))
+    config = launch_config(args)
+    check_script(args)
+    env = {**os.environ, **config.to_environ()}
     if args.save_panel:
         env[PANEL_VAR] = os.path.abspath(args.save_panel)
-    env["OMP_NUM_THREADS"] = str(threads_per_worker(nproc, env))  # the user's choice wins
-    outcome = run_torchrun(torchrun_command(args, nproc), env)
+    outcome = run_torchrun(torchrun_command(args, config.num_processes), env)
     if outcome.signal is not None:
         name = signal.Signals(outcome.signal).name
         print(f"nbaccel launch: stopped by {name}; the workers were ended.", file=sys.stderr)
@@ -111,6 +88,30 @@ def launch_command(args: argparse.Namespace) -> int:
     if outcome.returncode != 0:
         print(f"nbaccel launch: {outcome.describe()}", file=sys.stderr)
     return outcome.exit_status
+
+
+def launch_config(args: argparse.Namespace) -> LaunchConfig:
+    """The same ``LaunchConfig`` that ``notebook_launcher`` builds, its errors spelled as flags."""
+    if args.master_addr is not None and args.master_port is None:  # torchrun would ignore it
+        raise UsageError("--master-addr needs --master-port too (a free port on that machine)")
+    try:
+        return LaunchConfig.from_arguments(
+            num_processes=args.num_processes,
+            mixed_precision=args.mixed_precision,
+            cpu=args.cpu,
+            fsdp=args.fsdp,
+            deepspeed=args.deepspeed,
+            zero_stage=args.zero_stage,
+            num_nodes=args.num_nodes,
+            node_rank=args.node_rank,
+            master_addr=args.master_addr,
+            master_port=args.master_port,
+            max_restarts=args.max_restarts,
+            defaults=saved_config(),
+            spelling=FLAGS,
+        )
+    except (ValueError, TypeError) as err:
+        raise UsageError(str(err)) from None
 
 
 def torchrun_command(args: argparse.Namespace, nproc: int) -> list[str]:
@@ -129,30 +130,14 @@ def torchrun_command(args: argparse.Namespace, nproc: int) -> list[str]:
     return [*command, args.script, *args.script_args]
 
 
-def check_arguments(args: argparse.Namespace) -> None:
-    if not 0 <= args.node_rank < args.num_nodes:
-        raise UsageError(
-            f"--node-rank {args.node_rank} must be in 0..{args.num_nodes - 1} for "
-            f"--num-nodes {args.num_nodes}"
-        )
-    if args.num_nodes > 1 and None in (args.master_addr, args.master_port):
-        raise UsageError(
-            "several nodes must agree on where to meet: pass --master-addr (node 0's address) "
-            "and --master-port (a free port on node 0), the same on every node"
-        )
-    if args.master_addr is not None and args.master_port is None:
-        raise UsageError("--master-addr needs --master-port too (a free port on that machine)")
-    if args.master_port is not None and args.master_port > 65535:
-        raise UsageError(f"--master-port {args.master_port} is not a port: use 1024..65535")
-    if args.max_restarts < 0:
-        raise UsageError(f"--max-restarts {args.max_restarts} must be 0 (no restarts) or more")
+def check_script(args: argparse.Namespace) -> None:
     if not args.module and not os.path.isfile(args.script):
         raise UsageError(f"{args.script!r} is not a file; for a module, add -m: launch -m NAME")
 
 
 def check_gpus(nproc: int, gpus: int) -> None:
-    if gpus and nproc > gpus:
-        raise UsageError(
-            f"--num-processes {nproc} but this machine has {gpus} visible GPU(s): one process "
-            f"per GPU. Use -n {gpus} or fewer, or --cpu to run {nproc} processes on the CPU."
-        )
+    """``LaunchConfig``'s GPU check, as the command line says it."""
+    try:
+        launch_check_gpus(nproc, gpus, FLAGS)
+    except ValueError as err:
+        raise UsageError(str(err)) from None

@@ -1,10 +1,11 @@
 """Run the lesson notebooks headless in a real kernel: ``make lessons`` and ``make demo``.
 
-    python -m nbaccel.lessons.runner lessons [NOTEBOOK ...]   # re-execute in place
-    python -m nbaccel.lessons.runner demo [--out DIR]         # the flagship lesson, to DIR
+    python -m lessonbuild.runner lessons [NOTEBOOK ...]   # re-execute in place
+    python -m lessonbuild.runner demo [--out DIR]         # the flagship lesson, to DIR
 
-A notebook runs in its own folder, as Jupyter would run it, and is written back only when
-every cell succeeded (through a temporary file, so a failed run leaves the old one whole).
+Run from the repository root: this is the repository's tooling, not part of the installed
+library. A notebook runs in its own folder, as Jupyter would run it, and is written back only
+when every cell succeeded (through a temporary file, so a failed run leaves the old one whole).
 ``lessons`` then rebuilds the Arabic edition (``notebooks/ar/``) from the English lessons just
 run and their translations: the same code cells with the same outputs (``edition``).
 """
@@ -18,32 +19,13 @@ import sys
 import time
 from pathlib import Path
 
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"  # in a source checkout
+from . import edition
+from .notebooks import NOTEBOOKS, WIDGET, clean, lessons
+
+__all__ = ["FLAGSHIP", "NOTEBOOKS", "PANEL_TAG", "WIDGET", "execute", "final_panel", "lessons"]
+
 FLAGSHIP = "04_accelerate.ipynb"
 PANEL_TAG = "demo-panel"  # the cell whose last image is the run's final loss/throughput panel
-KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
-
-
-def lessons(folder: Path = NOTEBOOKS) -> list[Path]:
-    return sorted(folder.glob("[0-9][0-9]_*.ipynb"))
-
-
-WIDGET = "application/vnd.jupyter.widget-view+json"
-
-
-def clean(notebook) -> None:
-    """Keep what a reader needs (tags, hidden sources); drop timings, machine details and
-    widget views (a widget lives in its kernel: saved, a reader sees an error or its repr)."""
-    notebook.metadata = {
-        "kernelspec": dict(KERNELSPEC),
-        "language_info": {"name": "python", "pygments_lexer": "ipython3"},
-    }
-    for cell in notebook.cells:
-        cell.metadata.pop("execution", None)
-        cell.metadata.pop("collapsed", None)
-        cell.metadata.pop("scrolled", None)
-        if cell.cell_type == "code":
-            cell.outputs = [o for o in cell.outputs if WIDGET not in o.get("data", {})]
 
 
 def execute(
@@ -87,7 +69,7 @@ def final_panel(notebook) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nbaccel.lessons.runner")
+    parser = argparse.ArgumentParser(prog="python -m lessonbuild.runner")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("lessons", help="re-execute lesson notebooks in place")
     run.add_argument("notebooks", nargs="*", type=Path)
@@ -95,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--out", type=Path, default=Path("results/demo"))
     args = parser.parse_args(argv)
     if args.command == "lessons":
-        from . import edition
-
         ran = args.notebooks or lessons()
         for path in ran:
             started = time.perf_counter()

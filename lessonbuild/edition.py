@@ -16,10 +16,10 @@ they are (source, metadata, outputs), Markdown cells replaced by their translati
 changes, its hash no longer matches and the build stops, naming the cell, so a change to a
 lesson reaches both editions.
 
-    python -m nbaccel.lessons.edition build            # every lesson with a translation
-    python -m nbaccel.lessons.edition check            # what is missing or out of date
-    python -m nbaccel.lessons.edition skeleton LESSON  # a translation file to fill in
-    python -m nbaccel.lessons.edition renumber LESSON  # markers follow cells added above
+    python -m lessonbuild.edition build            # every lesson with a translation
+    python -m lessonbuild.edition check            # what is missing or out of date
+    python -m lessonbuild.edition skeleton LESSON  # a translation file to fill in
+    python -m lessonbuild.edition renumber LESSON  # markers follow cells added above
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .runner import NOTEBOOKS, clean, lessons
+from .notebooks import NOTEBOOKS, clean, lessons
 
 ARABIC = NOTEBOOKS / "ar"
 TEXT = ARABIC / "text"
@@ -313,7 +313,7 @@ def renumber(lesson: Path, folder: Path = ARABIC) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nbaccel.lessons.edition")
+    parser = argparse.ArgumentParser(prog="python -m lessonbuild.edition")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="write notebooks/ar/ from the English lessons and text/")
     sub.add_parser("check", help="list translations missing or out of date")

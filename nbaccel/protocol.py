@@ -1,0 +1,247 @@
+"""The launch protocol: every message between the launcher, the fork server and the workers.
+
+Both ends import this module, so each message is one frozen dataclass, defined once. Three kinds
+of Unix socket carry them, all created by the launcher:
+
+* the control socket, launcher <-> fork server: ``Start`` carries one ``WorkerSpec`` per
+  worker and, as passed file descriptors, ``FDS_PER_WORKER`` per worker (stdout and stderr
+  pipes, message socket, metrics socket); the server answers ``Started`` with the pids, then
+  ``Exited`` for each worker. ``Signal`` asks the server to signal a launch's live workers: the
+  server is their parent and reaps them itself, so it never signals a pid that was reused.
+  Framing: a 4-byte length, then the pickle (``send``/``recv``).
+* each worker's message socket: the call in (``pack_call``: the function travels by value),
+  then ``Result`` or ``Failure`` out (``encode``/``decode``, one message per frame).
+* each worker's metrics socket: datagrams of ``Accelerator.log`` records (``metrics.py``).
+
+A worker's exception crosses as ``ExceptionData``: this is the one place that turns an exception
+into plain data (``ExceptionData.of``) and back into the text Python prints (``format``).
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import linecache
+import pickle
+import socket
+import struct
+import traceback
+import types
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+FDS_PER_WORKER = 4  # stdout, stderr, message socket, metrics socket
+_HEADER = struct.Struct("!I")
+
+
+# -- the messages --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerSpec:
+    """How to set up one worker before it runs the function."""
+
+    env: dict[str, str]  # its whole environment: torchrun's variables and the launch's
+    cwd: str
+    sys_path: list[str]
+    threads: int  # torch.set_num_threads
+    local_rank: int
+
+
+@dataclass(frozen=True)
+class Start:
+    """Launcher -> server: fork these workers (their descriptors travel with the message)."""
+
+    launch: int
+    workers: tuple[WorkerSpec, ...]
+
+
+@dataclass(frozen=True)
+class Signal:
+    """Launcher -> server: send ``signal`` to every live worker of ``launch``."""
+
+    launch: int
+    signal: int
+
+
+@dataclass(frozen=True)
+class Started:
+    """Server -> launcher: the workers of ``launch`` run, in the order of ``Start.workers``."""
+
+    launch: int
+    pids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Exited:
+    """Server -> launcher: a worker was reaped; a negative ``code`` is the signal that ended it."""
+
+    pid: int
+    code: int
+
+
+@dataclass(frozen=True)
+class ExceptionData:
+    """An exception as plain data, its chain included: a worker's error, in the launcher."""
+
+    type: str  # the class's qualified name
+    module: str
+    message: str
+    frames: tuple[tuple[str, int | None, str, str | None], ...] = ()  # file, line, function, text
+    cause: ExceptionData | None = None  # raise ... from cause
+    context: ExceptionData | None = None  # raised while handling context
+
+    @classmethod
+    def of(cls, err: BaseException, hide: str | None = None) -> ExceptionData:
+        """Describe ``err``; leading frames from the file ``hide`` (the worker's own runner)
+        are dropped, since they are noise to the user."""
+
+        def one(exc: BaseException | None, seen: set[int]) -> ExceptionData | None:
+            if exc is None or id(exc) in seen:
+                return None
+            seen.add(id(exc))
+            return cls(
+                type(exc).__qualname__,
+                type(exc).__module__,
+                str(exc),
+                tuple(
+                    (f.filename, f.lineno, f.name, f.line)
+                    for f in traceback.extract_tb(exc.__traceback__)
+                ),
+                one(exc.__cause__, seen),
+                None if exc.__suppress_context__ else one(exc.__context__, seen),
+            )
+
+        data = one(err, set())
+        frames = data.frames
+        while frames and frames[0][0] == hide:
+            frames = frames[1:]
+        return cls(data.type, data.module, data.message, frames, data.cause, data.context)
+
+    def format(self) -> str:
+        """The traceback as Python prints it, with source lines filled in on this side.
+
+        Functions defined in notebook cells have their source in the kernel's line cache, not
+        in the worker's, so the lines are looked up here.
+        """
+        parts = []
+        if self.cause is not None:
+            parts += [
+                self.cause.format(),
+                "\nThe above exception was the direct cause of the following exception:\n\n",
+            ]
+        elif self.context is not None:
+            parts += [
+                self.context.format(),
+                "\nDuring handling of the above exception, another exception occurred:\n\n",
+            ]
+        frames = [
+            (filename, lineno, name, line or linecache.getline(filename, lineno or 0).strip())
+            for filename, lineno, name, line in self.frames
+        ]
+        name = (
+            self.type if self.module in ("builtins", "__main__") else f"{self.module}.{self.type}"
+        )
+        parts.append("Traceback (most recent call last):\n")
+        parts += traceback.StackSummary.from_list(frames).format()
+        parts.append(f"{name}: {self.message}\n" if self.message else f"{name}\n")
+        return "".join(parts)
+
+
+@dataclass(frozen=True)
+class Result:
+    """Worker -> launcher: the function returned; ``value`` is its cloudpickle."""
+
+    value: bytes
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Worker -> launcher: the function raised. ``collective``: the error is the kind a rank
+    gets when *another* rank died mid-collective, so it is probably not the root cause."""
+
+    exception: ExceptionData
+    collective: bool = False
+
+
+MESSAGES = (Start, Signal, Started, Exited, Result, Failure)
+Message = Start | Signal | Started | Exited | Result | Failure
+
+
+# -- framing -------------------------------------------------------------------------------------
+def encode(message: Message) -> bytes:
+    if not isinstance(message, MESSAGES):
+        raise TypeError(f"{message!r} is not a message of nbaccel's launch protocol")
+    return pickle.dumps(message)
+
+
+def decode(data: bytes) -> Message:
+    message = pickle.loads(data)
+    if not isinstance(message, MESSAGES):
+        raise TypeError(f"received {type(message).__name__}, not a launch protocol message")
+    return message
+
+
+def send(sock: socket.socket, message: Message, fds: list[int] | None = None) -> None:
+    """One message on the control socket, and the descriptors ``fds`` with it."""
+    data = encode(message)
+    header = _HEADER.pack(len(data))
+    if fds:
+        socket.send_fds(sock, [header], fds)
+    else:
+        sock.sendall(header)
+    sock.sendall(data)
+
+
+def recv(sock: socket.socket, max_fds: int = 0) -> tuple[Message, list[int]]:
+    """One message and the descriptors sent with it; raises EOFError when the peer is gone."""
+    fds: list[int] = []
+    header = b""
+    while len(header) < _HEADER.size:
+        if max_fds and not header:
+            chunk, fds, _, _ = socket.recv_fds(sock, _HEADER.size, max_fds)
+        else:
+            chunk = sock.recv(_HEADER.size - len(header))
+        if not chunk:
+            raise EOFError("the peer closed the control socket")
+        header += chunk
+    (size,) = _HEADER.unpack(header)
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            raise EOFError("the peer closed the control socket")
+        data += chunk
+    return decode(bytes(data)), list(fds)
+
+
+# -- the call: the function, by value ------------------------------------------------------------
+def pack_call(function: Any, args: tuple, kwargs: dict[str, Any]) -> bytes:
+    """``(function, args, kwargs)`` by value (cloudpickle), so notebook functions travel."""
+    import cloudpickle
+
+    def code_with_filename(code: types.CodeType):
+        # cloudpickle replaces the file name of code it sends by value with "<dynamic-code>";
+        # keeping the real one lets a worker's traceback point at the notebook cell.
+        rebuild, fields = cloudpickle.cloudpickle._code_reduce(code)
+        return rebuild, tuple(code.co_filename if f == "<dynamic-code>" else f for f in fields)
+
+    class Pickler(cloudpickle.Pickler):
+        dispatch_table: ClassVar = collections.ChainMap(
+            {types.CodeType: code_with_filename}, cloudpickle.Pickler.dispatch_table
+        )
+
+    buffer = io.BytesIO()
+    try:
+        Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump((function, tuple(args), kwargs))
+        return buffer.getvalue()
+    except Exception as err:
+        raise TypeError(
+            f"cannot send {getattr(function, '__name__', function)!r} and its arguments to the "
+            f"workers: {err}. Create unpicklable objects (open files, locks, CUDA tensors) "
+            "inside the function instead of passing them in."
+        ) from err
+
+
+def unpack_call(data: bytes) -> tuple[Any, tuple, dict[str, Any]]:
+    import cloudpickle
+
+    return cloudpickle.loads(data)

@@ -1,0 +1,85 @@
+"""Where a launch's workers meet: torch's TCPStore, hosted by the launching process.
+
+The store listens on a socket this process bound itself (port 0: the OS picks a free one, no
+race), on loopback unless ``num_nodes > 1``; workers join it as clients, exactly as under
+torchrun's agent. The store, and so the port, go away when the ``rendezvous`` block ends.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import socket
+from contextlib import contextmanager
+
+from .errors import NbaccelError
+
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def rendezvous(num_nodes: int, node_rank: int, master_addr: str, master_port: int | None):
+    """Host the TCPStore on node 0; yield the port the workers meet on.
+
+    With several nodes, node 0 keeps the store until every node's workers are done (each node
+    says so on its way out), as torchrun's agents do: a node whose workers finish first must
+    not pull the store from under the others.
+    """
+    import torch.distributed as dist
+
+    if node_rank != 0:
+        try:
+            yield master_port
+        finally:
+            say_done(master_addr, master_port, node_rank)
+        return
+    host = "127.0.0.1" if num_nodes == 1 else "0.0.0.0"  # loopback unless asked for more
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, master_port or 0))
+    except OSError as err:
+        sock.close()
+        raise NbaccelError(
+            f"cannot listen on {host}:{master_port}: {err.strerror}. Another job holds that port; "
+            "pick another master_port, or leave it out on one machine to get a free one."
+        ) from err
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    store = dist.TCPStore(
+        "127.0.0.1", port, is_master=True, master_listen_fd=sock.detach(), wait_for_workers=False
+    )
+    succeeded = False
+    try:
+        yield port
+        succeeded = True
+    finally:
+        if num_nodes > 1:
+            keys = [f"nbaccel/done/{k}" for k in range(1, num_nodes)]
+            wait = datetime.timedelta(seconds=120 if succeeded else 5)
+            try:
+                store.wait(keys, wait)
+            except Exception:  # a node that died never says so; it has had its time
+                logger.warning("not every node reported back within %s; closing the store", wait)
+        del store  # closes the listening socket: the port is free again
+
+
+def say_done(master_addr: str, master_port: int | None, node_rank: int) -> None:
+    import torch.distributed as dist
+
+    try:
+        client = dist.TCPStore(
+            master_addr, master_port, is_master=False, timeout=datetime.timedelta(seconds=10)
+        )
+        client.set(f"nbaccel/done/{node_rank}", "1")
+    except Exception:
+        pass  # node 0 is already gone: nothing waits for us
+
+
+def loopback_interface() -> str | None:
+    """The network interface that holds 127.0.0.1 ("lo" on Linux, "lo0" on macOS)."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
+            return name
+    return None

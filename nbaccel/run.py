@@ -1,0 +1,187 @@
+"""What a launch recorded, on the launching side: every rank's records, results and failures.
+
+The workers' ``metrics.Channel`` sends ``Record``s; the launching process keeps them in a
+``Run``, which answers the questions the live view and the scaling lab ask (each metric per
+rank, its mean, rates of the counters, the training window) and exports them as CSV or JSON.
+
+Data flows one way: worker -> ``metrics`` -> ``Run`` -> ``display``. A ``Run`` draws itself
+(``figure``, ``save_png``) through ``display``, imported when asked to draw; ``display`` needs
+``Run`` only as a type, so neither side imports the other at start.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .metrics import SAMPLES, Record
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One launch's clock split at its first and last samples-counter record (seconds), and the
+    samples each rank trained in between."""
+
+    startup: float  # launch -> the first batch handed out on any rank
+    training: float  # -> the last counter record on any rank
+    finish: float  # -> the results back in the launching process
+    wall: float  # the launch, end to end, read from its own two timestamps
+    samples: dict[int, float]  # per rank: every sample handed out from its first record on
+
+    @property
+    def samples_per_s(self) -> float:
+        """All ranks' samples over the training seconds: the launch's throughput."""
+        return sum(self.samples.values()) / self.training if self.training > 0 else 0.0
+
+
+@dataclass
+class Run:
+    """Everything a launch recorded: metrics from every rank, results, failures, timings.
+
+    Pass one to ``notebook_launcher(..., run=run)`` to keep it; ``LaunchError.run`` holds it
+    when a launch fails.
+    """
+
+    records: list[Record] = field(default_factory=list)
+    results: dict[int, Any] = field(default_factory=dict)
+    failures: list[Any] = field(default_factory=list)
+    dropped: dict[int, int] = field(default_factory=dict)
+    world_size: int = 1
+    label: str | None = None  # how the progress line names the ranks, e.g. "rank 0 of 2"
+    device: str | None = None  # what they train on, for the progress line: "CPU", "GPU"
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+
+    def __post_init__(self) -> None:
+        # (name, rank) -> that rank's records of that name, in order; kept up to date lazily,
+        # so the live view's five-times-a-second progress line costs the same at any length.
+        self._index: dict[tuple[str, int], list[Record]] = {}
+        self._indexed = 0
+
+    def reset(self) -> None:
+        """Forget what was recorded (a restarted launch records from step 0 again); keep what
+        the launch is: its world size, label and device."""
+        kept = {"world_size": self.world_size, "label": self.label, "device": self.device}
+        self.__dict__.update(type(self)(**kept).__dict__)
+
+    def add(self, records: list[Record]) -> None:
+        self.records += records
+
+    def _sync(self) -> None:
+        for r in self.records[self._indexed :]:
+            self._index.setdefault((r.name, r.rank), []).append(r)
+        self._indexed = len(self.records)
+
+    def _by_rank(self, name: str) -> dict[int, list[Record]]:
+        self._sync()
+        return {rank: rs for (n, rank), rs in sorted(self._index.items()) if n == name}
+
+    def names(self) -> list[str]:
+        """The metric names the user logged (the library's own counters left out)."""
+        self._sync()
+        return sorted({n for n, _ in self._index if not n.startswith("nbaccel/")})
+
+    def series(self, name: str) -> dict[int, tuple[list[int], list[float]]]:
+        """``{rank: (steps, values)}`` for one metric."""
+        return {
+            rank: ([r.step for r in rs], [r.value for r in rs])
+            for rank, rs in self._by_rank(name).items()
+        }
+
+    def mean(self, name: str) -> tuple[list[int], list[float]]:
+        """The metric averaged over the ranks that logged each step."""
+        by_step: dict[int, list[float]] = {}
+        for rs in self._by_rank(name).values():
+            for r in rs:
+                by_step.setdefault(r.step, []).append(r.value)
+        steps = sorted(by_step)
+        return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
+
+    def rates(self, name: str = SAMPLES) -> dict[int, tuple[list[float], list[float]]]:
+        """``{rank: (seconds since start, per second)}`` from a cumulative counter."""
+        out = {}
+        for rank, rs in self._by_rank(name).items():
+            pairs = [
+                (b.time - self.started, (b.value - a.value) / (b.time - a.time))
+                for a, b in itertools.pairwise(rs)
+                if b.time > a.time
+            ]
+            if pairs:
+                out[rank] = ([t for t, _ in pairs], [v for _, v in pairs])
+        return out
+
+    def latest(self, name: str) -> dict[int, float]:
+        """Each rank's last value of a metric."""
+        return {rank: rs[-1].value for rank, rs in self._by_rank(name).items()}
+
+    def latest_step(self, name: str) -> dict[int, int]:
+        return {rank: rs[-1].step for rank, rs in self._by_rank(name).items()}
+
+    def latest_rate(self, name: str = SAMPLES) -> dict[int, float]:
+        """Each rank's rate between its last two records of a cumulative counter."""
+        return {
+            rank: (rs[-1].value - rs[-2].value) / (rs[-1].time - rs[-2].time)
+            for rank, rs in self._by_rank(name).items()
+            if len(rs) > 1 and rs[-1].time > rs[-2].time
+        }
+
+    def samples_per_s(self) -> float:
+        """What the progress line shows: every rank's latest samples rate, summed (a quarter
+        second or less, not the run; ``timing().samples_per_s`` is the run's)."""
+        return sum(self.latest_rate(SAMPLES).values())
+
+    def timing(self) -> Timing:
+        """Split the clock at the first and last samples-counter record of any rank.
+
+        A prepared DataLoader's counter is first recorded as it hands out the first batch, with
+        that batch counted, so the samples from that record on are exactly the ones trained in
+        the window. (The records and ``started`` both read ``time.time()`` on this machine.)"""
+        counted = self._by_rank(SAMPLES)
+        end = self.finished if self.finished is not None else self.started
+        if not counted:
+            return Timing(end - self.started, 0.0, 0.0, end - self.started, {})
+        begin = min(rs[0].time for rs in counted.values())
+        stop = max(rs[-1].time for rs in counted.values())
+        samples = {rank: rs[-1].value for rank, rs in counted.items()}
+        return Timing(begin - self.started, stop - begin, end - stop, end - self.started, samples)
+
+    def to_json(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps([asdict(r) for r in self.records]))
+        return path
+
+    def to_csv(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["rank", "step", "time", "name", "value"])
+            writer.writerows((r.rank, r.step, r.time, r.name, r.value) for r in self.records)
+        return path
+
+    def figure(self, total_steps: int | None = None):
+        """The live panel, redrawn from the records (a matplotlib ``Figure``)."""
+        from .display import figure  # the drawing side, imported only to draw
+
+        return figure(self, total_steps)
+
+    def save_png(self, path: str | os.PathLike, total_steps: int | None = None) -> Path:
+        from .display import png
+
+        path = Path(path)
+        path.write_bytes(png(self, total_steps))
+        return path
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> Run:
+        records = [Record(**row) for row in json.loads(Path(path).read_text())]
+        run = cls(records=records)
+        if records:
+            run.started = min(r.time for r in records)
+            run.world_size = max(r.rank for r in records) + 1
+        return run

@@ -1,0 +1,167 @@
+"""The samplers that shard a DataLoader: this rank's batches of each global step, and a
+shuffle that depends on a seed and the epoch alone. The rules they follow are in ``data``'s
+docstring; ``shard_dataloader`` builds them.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import RandomSampler, Sampler
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose order depends only on ``seed + epoch``: the same on every rank
+    whatever the global RNG did, and the same orders as Accelerate's sampler of this name."""
+
+    def __init__(self, sampler: RandomSampler, seed: int) -> None:
+        super().__init__(sampler.data_source, sampler.replacement, sampler.num_samples)
+        self.seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        # a fresh generator each epoch: the order cannot depend on how far an earlier pass got
+        self.generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        yield from super().__iter__()
+        self.epoch += 1  # a complete pass moves on, as Accelerate's sampler does
+
+
+class ShardedBatchSampler(Sampler[list[int]]):
+    """This rank's batches of each global step of ``batch_sampler`` (see the module docstring).
+
+    ``batch_size`` is this rank's batch size (None: batches of any size); ``remainder`` is set
+    while iterating: the real samples of the last global step if it was topped up, else None.
+    """
+
+    def __init__(
+        self,
+        batch_sampler: Sampler[list[int]] | Iterable[list[int]],
+        rank: int,
+        world_size: int,
+        *,
+        split_batches: bool = False,
+        even_batches: bool = True,
+        shared_seed: Callable[[], int] | None = None,
+    ) -> None:
+        self.batch_sampler, self.rank, self.world_size = batch_sampler, rank, world_size
+        self.split_batches, self.even_batches = split_batches, even_batches
+        self.shared_seed = shared_seed
+        self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
+        self.loader_batch_size = fixed_batch_size(batch_sampler)
+        if split_batches:
+            check_split(self.loader_batch_size, world_size, batch_sampler)
+        size = self.loader_batch_size
+        self.batch_size = size // world_size if split_batches and size else size
+        self.remainder: int | None = None
+
+    def __len__(self) -> int:
+        batches = len(self.batch_sampler)  # type: ignore[arg-type]
+        if self.split_batches:  # one step per batch; even_batches=False may skip the last
+            skipped = not self.even_batches and self._last_slice_empty()
+            return batches - int(skipped)
+        rounds, left = divmod(batches, self.world_size)
+        if left and not self.drop_last and (self.even_batches or self.rank < left):
+            rounds += 1
+        return rounds
+
+    def _last_slice_empty(self) -> bool:
+        """Split batches, short last batch: does it end before this rank's slice begins?"""
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        if self.drop_last or not hasattr(sampler, "__len__"):
+            return False
+        short = len(sampler) % self.loader_batch_size  # type: ignore[arg-type, operator]
+        return 0 < short <= self.rank * self.batch_size  # type: ignore[operator]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self.remainder = None
+        batches = self._epoch_batches()
+        if self.loader_batch_size is None:  # batches of any size: deal them out whole
+            for step in self._steps(batches, self.world_size, lambda s: sum(map(len, s))):
+                if self.rank < len(step):
+                    yield step[self.rank]
+            return
+        step_size = self.loader_batch_size * (1 if self.split_batches else self.world_size)
+        piece = step_size // self.world_size
+        for step in self._steps(self._indices(batches), step_size, len):
+            mine = step[self.rank * piece : (self.rank + 1) * piece]
+            if mine:  # even_batches=False: a rank past the data gets no batch, not an empty one
+                yield mine
+
+    def _steps(
+        self, items: Iterable[Any], size: int, samples: Callable[[list[Any]], int]
+    ) -> Iterator[list[Any]]:
+        """Consecutive global steps of ``size`` items; a short last one is topped up with the
+        epoch's first items (even_batches), kept short, or dropped (drop_last)."""
+        head: list[Any] = []
+        step: list[Any] = []
+        for item in items:
+            step.append(item)
+            if len(head) < size:
+                head.append(item)
+            if len(step) == size:
+                yield step
+                step = []
+        if step and not self.drop_last:
+            if self.even_batches:
+                self.remainder = samples(step)
+                step.extend(itertools.islice(itertools.cycle(head), size - len(step)))
+            yield step
+
+    def _indices(self, batches: Iterable[list[int]]) -> Iterator[int]:
+        """The batches' indices in order. Only the last batch may be short: the sample-wise
+        rule above would regroup a short batch in the middle, which Accelerate does not."""
+        short = False
+        for batch in batches:
+            if short or len(batch) > self.loader_batch_size:  # type: ignore[operator]
+                raise ValueError(
+                    f"the DataLoader's batch_sampler ({type(self.batch_sampler).__name__}) has "
+                    f"batch_size={self.loader_batch_size} but yielded a batch of {len(batch)} "
+                    "samples before its last batch. Give it no batch_size attribute, so its "
+                    "batches are dealt out whole, or make every batch but the last full."
+                )
+            short = len(batch) < self.loader_batch_size  # type: ignore[operator]
+            yield from batch
+
+    def _epoch_batches(self) -> Iterable[list[int]]:
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        if not _draws_from_global_rng(sampler) or self.shared_seed is None:
+            return self.batch_sampler  # deterministic, or seeded alike on every rank
+        sampler = copy.copy(sampler)
+        sampler.generator = torch.Generator().manual_seed(self.shared_seed())
+        batches = copy.copy(self.batch_sampler)
+        batches.sampler = sampler  # type: ignore[union-attr]
+        return batches
+
+
+def _draws_from_global_rng(sampler: Any) -> bool:
+    return getattr(sampler, "generator", False) is None and not isinstance(
+        sampler, SeedableRandomSampler
+    )
+
+
+def fixed_batch_size(batch_sampler: Any) -> int | None:
+    """The fixed batch size of a DataLoader's batch sampler, or None (batches of any size)."""
+    size = getattr(batch_sampler, "batch_size", None)
+    return size if isinstance(size, int) and size > 0 else None
+
+
+def check_split(batch_size: int | None, world_size: int, batch_sampler: Any) -> None:
+    if batch_size is None:
+        raise ValueError(
+            "split_batches=True cuts each batch into equal slices, so it needs a fixed batch "
+            f"size; this DataLoader's batch_sampler ({type(batch_sampler).__name__}) has no "
+            "batch_size attribute. Give it one, or use split_batches=False."
+        )
+    if batch_size % world_size:
+        fit = max(world_size, batch_size // world_size * world_size)
+        raise ValueError(
+            f"split_batches=True cuts each batch of {batch_size} samples into {world_size} "
+            f"equal slices, one per process, so batch_size must be a multiple of {world_size}: "
+            f"use e.g. batch_size={fit}, or split_batches=False."
+        )

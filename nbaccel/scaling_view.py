@@ -1,0 +1,47 @@
+"""The scaling lab's figure: throughput against the ideal line, efficiency, and loss over time.
+
+The drawing side of ``scaling``: ``Scaling`` holds the runs and their numbers, this module draws
+them (matplotlib's object API, no pyplot). ``Scaling.figure`` imports it when asked to draw.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .display import loss_name
+
+if TYPE_CHECKING:
+    from .scaling import Scaling
+
+
+def figure(scaling: Scaling):
+    """Throughput (with the ideal line), efficiency, and loss against the seconds since each
+    run's first training step (start-up left out, as in the table)."""
+    from matplotlib.figure import Figure
+
+    rows = scaling.rows()
+    counts = [r["processes"] for r in rows]
+    fig = Figure(figsize=(12, 3.4), dpi=80, layout="constrained")
+    speed_ax, eff_ax, loss_ax = fig.subplots(1, 3)
+    speed_ax.plot(counts, [r["samples_per_s"] for r in rows], "o-", label="measured")
+    if rows:
+        ideal = rows[0]["samples_per_s"] / counts[0]
+        speed_ax.plot(counts, [ideal * n for n in counts], "--", color="gray", label="ideal")
+    speed_ax.set(xlabel="processes", ylabel="samples/s", title="throughput", xticks=counts)
+    speed_ax.legend(fontsize=8)
+    eff_ax.plot(counts, [r["efficiency"] for r in rows], "o-")
+    eff_ax.axhline(1.0, ls="--", color="gray")
+    top = max([1.2] + [1.1 * r["efficiency"] for r in rows if r["efficiency"] == r["efficiency"]])
+    eff_ax.set(xlabel="processes", title="scaling efficiency", xticks=counts, ylim=(0, top))
+    for n, run in sorted(scaling.runs.items()):
+        name = loss_name(run)
+        if name:
+            begin = run.started + scaling.timing(n).startup  # the first training step
+            by_step = {r.step: r.time for r in run.records if r.name == name}
+            steps, values = run.mean(name)
+            loss_ax.plot([by_step[s] - begin for s in steps], values, label=f"{n} proc")
+            loss_ax.set(ylabel=name)
+    loss_ax.set(xlabel="seconds since the first training step", title="loss")
+    if loss_ax.lines:
+        loss_ax.legend(fontsize=8)
+    return fig

@@ -1,0 +1,131 @@
+"""One-way imports: what is imported where, checked in a fresh interpreter.
+
+Data flows worker -> ``metrics`` (channel) -> ``run`` (records) -> ``display``: the display is
+imported only where something draws, and a worker that sends its numbers never imports it.
+The projection model imports neither torch nor its figure; the notebook build tooling is
+outside the package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def imported_after(code: str, env: dict[str, str] | None = None) -> set[str]:
+    """The ``nbaccel``, ``torch`` and ``matplotlib`` modules loaded once ``code`` has run."""
+    probe = (
+        f"{code}\nimport json, sys\n"
+        "print(json.dumps(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('nbaccel', 'torch', 'matplotlib', 'lessonbuild'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_the_channel_and_the_records_import_no_display():
+    loaded = imported_after("import nbaccel.metrics, nbaccel.run")
+    assert "nbaccel.run" in loaded and "nbaccel.display" not in loaded
+    assert not any(m.startswith(("torch", "matplotlib")) for m in loaded)
+
+
+def test_a_run_draws_through_the_display_when_asked():
+    loaded = imported_after(
+        "from nbaccel.metrics import Record\nfrom nbaccel.run import Run\n"
+        "run = Run(); run.add([Record(0, 0, 0.0, 'loss', 1.0)]); run.figure()"
+    )
+    assert {"nbaccel.display", "matplotlib"} <= loaded
+
+
+def test_a_worker_that_sends_its_numbers_never_imports_the_display():
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        env = {**os.environ, "NBACCEL_METRICS_FD": str(theirs.fileno()), "RANK": "0"}
+        code = (
+            "from nbaccel.tracker import Tracker\n"
+            "t = Tracker(total_steps=3)\n"
+            "for i in range(3): t.log({'loss': 1.0 / (i + 1)}, samples=4)\n"
+            "t.close()"
+        )
+        probe = f"{code}\nimport sys\nprint('nbaccel.display' in sys.modules)"
+        done = subprocess.run(
+            [sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            pass_fds=(theirs.fileno(),),
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split()[-1] == "False"
+        assert ours.recv(1 << 16)  # and its numbers did go out
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_tracker_with_nobody_listening_draws_on_the_main_process():
+    code = (
+        "from nbaccel.tracker import Tracker\n"
+        "t = Tracker(total_steps=2, clock=iter(range(100)).__next__)\n"
+        "t.log({'loss': 1.0}); t.log({'loss': 0.5}); t.close()"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NBACCEL_METRICS_FD"}
+    assert "nbaccel.display" in imported_after(code, env)
+
+
+def test_the_projection_model_imports_neither_torch_nor_its_figure():
+    loaded = imported_after(
+        "from nbaccel import projection\n"
+        "projection.project(0.01, 4e6, 32, projection.PRESETS['PCIe 4.0 x16'], 8)"
+    )
+    assert "nbaccel.projection.model" in loaded
+    assert not loaded & {"nbaccel.projection.view", "nbaccel.projection.calibration"}
+    assert not any(m.startswith(("torch", "matplotlib")) for m in loaded)
+    drawn = imported_after("from nbaccel.projection import figure")
+    assert "nbaccel.projection.view" in drawn and "nbaccel.display" not in drawn
+
+
+def test_the_collectives_are_one_module_that_utils_re_exports():
+    import nbaccel.collectives as collectives
+    import nbaccel.utils as utils
+
+    for name in collectives.__all__:
+        if name != "world_size":
+            assert getattr(utils, name) is getattr(collectives, name), name
+    loaded = imported_after("import nbaccel.utils")
+    assert not loaded & {"nbaccel.accelerator", "nbaccel.optim", "nbaccel.zero"}
+
+
+def test_the_notebook_tooling_is_outside_the_package_and_has_no_cycle():
+    assert not (ROOT / "nbaccel" / "lessons" / "runner.py").exists()
+    loaded = imported_after("import lessonbuild.edition")
+    assert "lessonbuild.runner" not in loaded  # the edition needs the notebooks, not the runner
+    assert not any(m.startswith("nbaccel") for m in loaded)
+    setuptools = pytest.importorskip("setuptools")
+    packages = setuptools.find_packages(str(ROOT), include=["nbaccel*"])
+    assert "nbaccel.projection" in packages and "lessonbuild" not in packages
+    done = subprocess.run(
+        [sys.executable, "-m", "lessonbuild.runner", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "demo" in done.stdout, done.stderr
