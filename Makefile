@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/live.py
 	$(BIN)/python benchmarks/sharding.py
 	$(BIN)/python benchmarks/collectives.py
+	$(BIN)/python benchmarks/structure.py --json benchmarks/results/structure.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
