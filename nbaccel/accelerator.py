@@ -25,7 +25,7 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
-from . import checkpoint, collectives
+from . import breakdown, checkpoint, collectives
 from .accumulation import AccumulationWindow, GradientAccumulationPlugin, accumulation_plugin
 from .data import DataLoaderConfiguration, LoopState, PreparedDataLoader, prepare_dataloader
 from .env import DistEnv
@@ -106,10 +106,11 @@ class Accelerator(PartialState):
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         super().__init__(cpu=launch.cpu if cpu is None else cpu)  # rank, device, process group
+        self._breakdown = breakdown.for_device(self.device)  # where the time goes, or None
         try:
             self.strategy = kind(chosen, self, mixed_precision, precision_given, plugin)
             self.precision = self.strategy.precision
-            self.tracker = Tracker(live=live, device=self.device)  # to the launcher, or in run
+            self.tracker = Tracker(live=live, device=self.device, breakdown=self._breakdown)
         except BaseException:
             self.destroy_process_group()  # nothing half-made outlives a refused Accelerator
             raise
@@ -196,16 +197,8 @@ class Accelerator(PartialState):
         if isinstance(obj, torch.optim.Optimizer):
             return _kept(self._optimizers, self.strategy.prepare_optimizer(obj, self._window))
         if isinstance(obj, DataLoader):
-            loader = prepare_dataloader(
-                obj,
-                self.rank,
-                self.num_processes,
-                self.device,
-                self.dataloader_config,
-                self._loop,
-                on_batch=self.tracker.count,
-                on_end=self.tracker.epoch_done,
-            )
+            config, loop = self.dataloader_config, self._loop  # counted by the tracker
+            loader = prepare_dataloader(obj, self.env, self.device, config, loop, self.tracker)
             return _kept(self._dataloaders, loader)
         if isinstance(obj, LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau):
             batches = 1 if self.split_batches else self.num_processes
@@ -224,7 +217,8 @@ class Accelerator(PartialState):
         Pass the loss of one micro-batch as it is: do not divide it yourself.
         """
         self._window.backward()
-        self.strategy.backward(loss, self.sync_gradients, **kwargs)
+        with breakdown.computing(self._breakdown):  # DDP's waiting for gradients taken out
+            self.strategy.backward(loss, self.sync_gradients, **kwargs)
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
@@ -292,7 +286,8 @@ class Accelerator(PartialState):
         strings, say) is gathered as Python objects, as with ``use_gather_object=True``."""
         if not self.use_distributed:
             return input_data
-        return collectives.gather_for_metrics(input_data, self._loop, use_gather_object)
+        with breakdown.communicating(self._breakdown, "gather_for_metrics"):
+            return collectives.gather_for_metrics(input_data, self._loop, use_gather_object)
 
     # -- the live view ---------------------------------------------------------------------------
     def log(self, values: Mapping[str, Any], step: int | None = None) -> None:

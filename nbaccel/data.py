@@ -41,7 +41,7 @@ import copy
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
@@ -50,6 +50,11 @@ from torch.utils.data.distributed import DistributedSampler
 from . import collectives
 from .samplers import SeedableRandomSampler, ShardedBatchSampler, check_split, fixed_batch_size
 from .tensors import has_tensor, map_tensors, send_to_device, to_cpu
+
+if TYPE_CHECKING:
+    from .breakdown import Breakdown
+    from .env import DistEnv
+    from .tracker import Tracker
 
 __all__ = [  # the tensor helpers and samplers live in their own modules; importable from here
     "DataLoaderConfiguration",
@@ -156,15 +161,15 @@ class DataLoaderConfiguration:
 
 def prepare_dataloader(
     loader: DataLoader,
-    rank: int,
-    world_size: int,
+    env: DistEnv,
     device: torch.device,
     config: DataLoaderConfiguration,
     state: LoopState,
-    on_batch: Callable[[int], None] | None = None,
-    on_end: Callable[[], None] | None = None,
+    tracker: Tracker | None = None,
 ) -> PreparedDataLoader:
-    """What ``Accelerator.prepare`` makes of a DataLoader: this rank's shard, on ``device``."""
+    """What ``Accelerator.prepare`` makes of a DataLoader: this rank's shard, on ``device``,
+    counted by ``tracker`` (samples, epochs, and the time spent waiting for batches)."""
+    rank, world_size = env.rank, env.world_size
     if config.use_seedable_sampler and config.data_seed is None and world_size > 1:
         # every rank must shuffle alike, seeded by the user or not (Accelerate takes each
         # rank's own initial seed, so unseeded ranks would read different orders)
@@ -177,8 +182,16 @@ def prepare_dataloader(
         return int(collectives.broadcast(seed.to(device)).item())
 
     sharded = shard_dataloader(loader, rank, world_size, shared_seed, config)
+    if tracker is None:
+        return PreparedDataLoader(sharded, device, state, non_blocking=config.non_blocking)
     return PreparedDataLoader(
-        sharded, device, state, on_batch, on_end, non_blocking=config.non_blocking
+        sharded,
+        device,
+        state,
+        tracker.count,
+        tracker.epoch_done,
+        non_blocking=config.non_blocking,
+        breakdown=tracker.breakdown,
     )
 
 
@@ -268,10 +281,12 @@ class PreparedDataLoader:
         on_end: Callable[[], None] | None = None,
         *,
         non_blocking: bool = False,
+        breakdown: Breakdown | None = None,
     ) -> None:
         self.loader, self.device, self.state = loader, device, state
         self.on_batch = on_batch  # told each batch's sample count, for the live view
         self.on_end = on_end  # told when a pass over the data is complete
+        self.breakdown = breakdown  # told how long each batch took to arrive
         # a copy to the GPU can run behind the compute (fully so from pinned memory); a CPU
         # "copy" has nothing to overlap with
         self._non_blocking = (non_blocking or bool(loader.pin_memory)) and device.type == "cuda"
@@ -316,24 +331,33 @@ class PreparedDataLoader:
         frame = _Pass(None)
         self.state.active.append(frame)
         try:
+            asked = self._asked()
             batches = iter(self.loader)
             current = next(batches, _DONE)
             while current is not _DONE:
-                following = next(batches, _DONE)
+                following = next(batches, _DONE)  # read ahead: the wait for it is this batch's
                 if following is _DONE:  # the sampler is spent: it knows how the epoch ended
                     frame.end = True
                     sharded = self._batches
                     if isinstance(sharded, ShardedBatchSampler):
                         frame.remainder = sharded.remainder
+                batch = send_to_device(current, self.device, self._non_blocking)
+                if asked is not None:
+                    self.breakdown.waited_for_data(asked)  # type: ignore[union-attr]
                 if self.on_batch is not None:
                     self.on_batch(_batch_len(current))
-                yield send_to_device(current, self.device, self._non_blocking)
+                yield batch
+                asked = self._asked()
                 current = following
             self.epoch += 1
             if self.on_end is not None:
                 self.on_end()
         finally:
             self.state.active.remove(frame)
+
+    def _asked(self) -> float | None:
+        """When the loop asked for a batch, on the breakdown's clock (None: not timed)."""
+        return None if self.breakdown is None else self.breakdown.now()
 
 
 def _samplers(batch_sampler: Any) -> Iterator[Any]:

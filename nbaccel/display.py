@@ -4,8 +4,9 @@
 
 * ``NotebookFrontend``: a PNG rendered by matplotlib's object API (no pyplot, so no backend and
   no stray figure at the end of the cell) and a progress line, each one display handle updated
-  in place. Works in JupyterLab, Notebook 7 and VS Code, and an executed notebook keeps the
-  last panel as an ``image/png`` output.
+  in place. The panel shows loss and throughput, and, once the ranks time their loops, where
+  each rank's time goes (``breakdown_view``). Works in JupyterLab, Notebook 7 and VS Code,
+  and an executed notebook keeps the last panel as an ``image/png`` output.
 * ``ConsoleFrontend``: a throttled one-line progress on stderr (scripts, ``nbaccel launch``, CI).
 
 Tests inject their own front end and clock. Redraws are throttled: text about five times a
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .breakdown_view import BreakdownBars, straggler_note
 from .env import in_notebook
 from .metrics import MEMORY, SAMPLES, STEPS, TOTAL_STEPS
 
@@ -49,7 +51,8 @@ def loss_name(run: Run) -> str | None:
 
 
 def progress(run: Run, total_steps: int | None = None, now: float | None = None) -> str:
-    """``step 120/400 | 2 ranks on CPU | 1,830 samples/s | 35 ms/step | loss 0.41 | 12 s, ETA 3 s``.
+    """``step 120/400 | 2 ranks on CPU | 1,830 samples/s | 35 ms/step | loss 0.41 | 12 s, ETA 3 s``,
+    then ``| rank 1 is the straggler (data: others waited 3.2 s)`` when one rank is waited for.
 
     Reads only each rank's latest records, so it costs the same however long the run is. The
     clock of a run still going reads ``now`` (default: the wall clock, as the records do).
@@ -80,12 +83,15 @@ def progress(run: Run, total_steps: int | None = None, now: float | None = None)
     if total_steps and step and not run.finished:
         clock += f", ETA {elapsed / step * max(total_steps - step, 0):.0f} s"
     parts.append(clock)
+    note = straggler_note(run)
+    if note:
+        parts.append(note)
     return " | ".join(parts)
 
 
 def figure(run: Run, total_steps: int | None = None, now: float | None = None):
     """The panel as a matplotlib ``Figure``: loss per rank (faint) and mean (bold) against step;
-    samples/s per rank and in total against time."""
+    samples/s per rank and in total against time; where each rank's time goes, if measured."""
     panel = Panel()
     panel.update(run, total_steps, now)
     return panel.fig
@@ -121,6 +127,7 @@ class Panel:
         self.loss_ax.set(xlabel="step", title="nothing logged yet")
         self.title = self.fig.suptitle("", fontsize=10)
         self._lines: dict[tuple[Any, str], Any] = {}
+        self.breakdown: BreakdownBars | None = None  # a third axes, once a rank has timed its loop
 
     def update(self, run: Run, total_steps: int | None = None, now: float | None = None) -> None:
         name = loss_name(run)
@@ -139,7 +146,22 @@ class Panel:
             ax.relim()
             ax.autoscale_view()
         self.speed_ax.set_ylim(bottom=0)
+        breakdown = run.breakdown()
+        if breakdown:
+            self._breakdown().update(breakdown, run.straggler())
         self.title.set_text(progress(run, total_steps, now))
+
+    def _breakdown(self) -> BreakdownBars:
+        """The breakdown's axes, made at the first breakdown: the figure widens to hold it
+        (a loop without the counters keeps the two-axes panel)."""
+        if self.breakdown is None:
+            grid = self.fig.add_gridspec(1, 3, width_ratios=(1, 1, 0.8))
+            for ax, cell in zip((self.loss_ax, self.speed_ax), grid, strict=False):
+                ax.set_subplotspec(cell)
+            self.fig.set_size_inches(13, 3.4)
+            self.fig.subplots_adjust(left=0.055, right=0.985, wspace=0.25)
+            self.breakdown = BreakdownBars(self.fig.add_subplot(grid[2]))
+        return self.breakdown
 
     def png(self, run: Run, total_steps: int | None = None, now: float | None = None) -> bytes:
         self.update(run, total_steps, now)

@@ -31,6 +31,8 @@ DEEPSPEED_VAR = "NBACCEL_DEEPSPEED"  # "0".."3": Accelerator() uses DeepSpeed at
 CHANNEL_VAR = "NBACCEL_METRICS_FD"  # the worker's end of the metrics socket (``metrics.py``)
 PANEL_VAR = "NBACCEL_SAVE_PANEL"  # a path: without a notebook, save the final panel there
 CONFIG_VAR = "NBACCEL_CONFIG"  # where the ``nbaccel config`` file is, if not the usual place
+BREAKDOWN_VAR = "NBACCEL_BREAKDOWN"  # "0": time nothing (``breakdown.py``); on by default
+STACKS_VAR = "NBACCEL_STACKS_DIR"  # a folder: each rank answers stack requests there (stacks.py)
 
 # (rank, local rank, world size, local world size): torchrun's names first, then SLURM's.
 _SCHEMES = (

@@ -50,10 +50,17 @@ class LaunchError(NbaccelError):
     """A launch failed: the first rank's real error, its traceback, and what the others did."""
 
     def __init__(
-        self, summary: str, failures: list[RankFailure] | None = None, run: object = None
+        self,
+        summary: str,
+        failures: list[RankFailure] | None = None,
+        run: object = None,
+        stacks: dict | None = None,
     ) -> None:
         self.failures = failures or []
         self.run = run  # the launch's metrics.Run: what every rank logged before it failed
+        # A timeout's {rank: stacks.RankStack or None}: where each unfinished rank was, asked
+        # before it was stopped (None: it did not answer).
+        self.stacks = stacks or {}
         self.root_cause = self.failures[0] if self.failures else None
         self.rank = self.root_cause.rank if self.root_cause else None
         self.exc_type = self.root_cause.exc_type if self.root_cause else None
@@ -89,8 +96,8 @@ def root_cause_report(failures: list[RankFailure], stopped: set[int], finished: 
         lines += [
             "",
             f"Ranks {finished} had already returned while rank {root.rank} waited for them "
-            "in a collective: the ranks ran different numbers of steps (a different number "
-            "of batches, or a loop that stops on one rank's clock or data). Make every "
+            "in a collective, a desync: the ranks ran different numbers of steps (a different "
+            "number of batches, or a loop that stops on one rank's clock or data). Make every "
             "rank stop at the same step.",
         ]
     return "\n".join(lines)

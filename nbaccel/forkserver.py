@@ -37,6 +37,7 @@ from .protocol import (
     send,
     unpack_call,
 )
+from .stacks import listen_from_environ
 
 
 # -- the server ----------------------------------------------------------------------------------
@@ -166,6 +167,7 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
     os.chdir(spec.cwd)
     sys.path[:] = spec.sys_path
     torch.set_num_threads(spec.threads)
+    listen_from_environ()  # answers "where are you?" while the function runs (stacks.py)
     channel = Connection(channel_fd)
     try:
         function, args, kwargs = unpack_call(channel.recv_bytes())

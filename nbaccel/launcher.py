@@ -54,6 +54,7 @@ from .config import load_config
 from .display import LiveView
 from .env import device_label
 from .errors import LaunchError, NbaccelError, RankFailure
+from .hang import check_stall_warning
 from .launch_config import LaunchConfig
 from .metrics import local_run
 from .protocol import pack_call
@@ -87,6 +88,7 @@ def notebook_launcher(
     max_restarts: int = 0,
     monitor_interval: float = 0.1,
     rdzv_backend: Literal["static"] = "static",
+    stall_warning: float | None = 60.0,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers; return rank 0's value.
 
@@ -109,7 +111,13 @@ def notebook_launcher(
         master_addr, master_port, num_nodes, node_rank: for several machines; run the same cell
             on each with its ``node_rank``. ``master_port`` defaults to a free port (one node).
         start_method: ``"forkserver"`` (default) or ``"spawn"``, see the module docstring.
-        timeout: seconds; past it the launch stops and names the ranks that had not finished.
+        timeout: seconds; past it the launch stops and names the ranks that had not finished,
+            with where each one was: its stack, the collective it waited in, and a desync
+            (ranks in different collectives, or one that had returned) named as such. The stop
+            button (an interrupt) prints the same before it stops the workers.
+        stall_warning: seconds without a step, sample or log from a rank that has not
+            finished (once any rank recorded one), after which the cell says where every
+            rank is, while the launch goes on; once per stall. ``None``: never.
         return_all: return every local rank's value, in rank order.
         cpu: make the workers' Accelerator use the CPU even where GPUs are visible.
         fsdp: make the workers' ``Accelerator()`` shard with FSDP2 (``FSDPPlugin()``) instead
@@ -146,6 +154,7 @@ def notebook_launcher(
             (with ``max_restarts``, the last attempt's, after a line per earlier attempt).
     """
     _check_call(function, args)
+    stall_warning = check_stall_warning(stall_warning)
     config = LaunchConfig.from_arguments(
         num_processes=num_processes, mixed_precision=mixed_precision, cpu=cpu, fsdp=fsdp,
         deepspeed=deepspeed, zero_stage=zero_stage, num_nodes=num_nodes, node_rank=node_rank,
@@ -163,6 +172,7 @@ def notebook_launcher(
         else:
             watch = {"start_method": start_method or "forkserver", "timeout": timeout}
             watch |= {"output": output, "monitor_interval": monitor_interval}
+            watch |= {"stall_warning": stall_warning}
             values = _run_workers(pack_call(function, args, kwargs), config, watch, live, run)
     return values if return_all else values[0]
 

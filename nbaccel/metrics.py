@@ -34,6 +34,13 @@ if TYPE_CHECKING:
 SAMPLES, STEPS, MEMORY = "nbaccel/samples", "nbaccel/optimizer_steps", "nbaccel/max_memory_mb"
 #: The number of steps the run expects (``Tracker(total_steps=...)``): the progress line's ETA.
 TOTAL_STEPS = "nbaccel/total_steps"
+#: Where each rank's time went (``breakdown.py``): cumulative seconds, recorded with the counters.
+TIME_DATA = "nbaccel/time/data"  # waiting for the next batch (the prepared DataLoader)
+TIME_COMPUTE = "nbaccel/time/compute"  # forward + backward + optimizer step, minus communication
+TIME_COMMUNICATION = "nbaccel/time/communication"  # blocked in gradient sync and collectives
+TIME_LOOP = "nbaccel/time/loop"  # wall time since this rank's first batch
+#: The parts of ``Run.breakdown()``; "other" is the loop's time outside the first three.
+BREAKDOWN = ("data", "compute", "communication", "other")
 _PER_DATAGRAM = 40  # records; small enough for macOS's 2 KiB default datagram limit
 
 

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .accumulation import AccumulationWindow, GradientAccumulationPlugin
+from .breakdown import computing
 
 if TYPE_CHECKING:
+    from .breakdown import Breakdown
     from .precision import Precision
 
 __all__ = ["AcceleratedOptimizer", "AcceleratedScheduler", "GradientAccumulationPlugin"]
@@ -28,12 +30,17 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, window: AccumulationWindow, precision: Precision
+        self,
+        optimizer: torch.optim.Optimizer,
+        window: AccumulationWindow,
+        precision: Precision,
+        breakdown: Breakdown | None = None,
     ) -> None:
         # Optimizer.__init__ is not called: param_groups and state belong to ``optimizer``.
         self.optimizer = optimizer
         self.window = window
         self.precision = precision
+        self.breakdown = breakdown  # times step() as compute
         window.track(optimizer)
         self.step_was_skipped = False  # fp16 found inf/NaN gradients on the last real step
         self.stepped = False  # the last step() call changed the weights
@@ -66,7 +73,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if not self.window.sync_gradients:
             self.stepped = False  # mid-window: keep accumulating
             return None
-        self.stepped = self.precision.step(self.optimizer, closure)
+        with computing(self.breakdown):
+            self.stepped = self.precision.step(self.optimizer, closure)
         self.step_was_skipped = not self.stepped
         self.window.stepped(self.optimizer, self.stepped)
         return None

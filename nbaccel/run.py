@@ -11,6 +11,7 @@ Data flows one way: worker -> ``metrics`` -> ``Run`` -> ``display``. A ``Run`` d
 
 from __future__ import annotations
 
+import bisect
 import csv
 import itertools
 import json
@@ -18,9 +19,26 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from .metrics import SAMPLES, Record
+from .metrics import (
+    BREAKDOWN,
+    SAMPLES,
+    TIME_COMMUNICATION,
+    TIME_COMPUTE,
+    TIME_DATA,
+    TIME_LOOP,
+    Record,
+)
+
+#: The measured parts of a rank's loop (``nbaccel.breakdown``), by ``Run.breakdown``'s names.
+_PARTS = {"data": TIME_DATA, "compute": TIME_COMPUTE, "communication": TIME_COMMUNICATION}
+#: A straggler is judged on the whole run and again on about its last seconds.
+RECENT_S = 2.0
+#: ... where the others spend at least this share of their loop communicating,
+WAITING_SHARE = 0.15
+#: and the straggler at most this fraction of the least of theirs.
+CLEARLY_BELOW = 0.5
 
 
 @dataclass(frozen=True)
@@ -38,6 +56,20 @@ class Timing:
     def samples_per_s(self) -> float:
         """All ranks' samples over the training seconds: the launch's throughput."""
         return sum(self.samples.values()) / self.training if self.training > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The rank the others consistently wait for (``Run.straggler``).
+
+    ``cause``: what makes it slow, the part of its loop that exceeds the others' most.
+    ``waited``: the seconds each other rank spent waiting for it, on average: their mean
+    communication beyond the straggler's own.
+    """
+
+    rank: int
+    cause: Literal["data", "compute"]
+    waited: float
 
 
 @dataclass
@@ -151,6 +183,50 @@ class Run:
         samples = {rank: rs[-1].value for rank, rs in counted.items()}
         return Timing(begin - self.started, stop - begin, end - stop, end - self.started, samples)
 
+    def breakdown(self) -> dict[int, dict[str, float]]:
+        """Where each rank's loop time went, in seconds, from its latest counters:
+        ``{rank: {"data": s, "compute": s, "communication": s, "other": s}}``, the parts adding
+        up to the rank's loop time (``nbaccel.breakdown`` says what each part holds). ``{}``
+        when no rank recorded them (``NBACCEL_BREAKDOWN=0``, or no prepared loop ran)."""
+        latest = {part: self.latest(name) for part, name in _PARTS.items()}
+        return {
+            rank: _parts({part: values.get(rank, 0.0) for part, values in latest.items()}, loop)
+            for rank, loop in self.latest(TIME_LOOP).items()
+        }
+
+    def straggler(self) -> Straggler | None:
+        """The rank the others consistently wait for, and why; None when no rank stands out.
+
+        The rule: the others spend at least ``WAITING_SHARE`` of their loop communicating, this
+        rank at most ``CLEARLY_BELOW`` of the least of their shares, and its data or compute
+        exceeds the others' mean (the larger excess is the cause). It must hold for the whole
+        run and again for its last ``RECENT_S`` seconds (the counters' increments), naming the
+        same rank and cause: a rank that was slow once, long ago, is no straggler now."""
+        found = find_straggler(self.breakdown())
+        recent = find_straggler(self._recent_breakdown(RECENT_S))
+        same = found and recent and (recent.rank, recent.cause) == (found.rank, found.cause)
+        return found if same else None
+
+    def _recent_breakdown(self, seconds: float) -> dict[int, dict[str, float]]:
+        """Each rank's breakdown over its last ``seconds``: the increments of its counters from
+        the last record at least that much older than its latest (or its first record). Binary
+        searches in each rank's records: the progress line asks five times a second, at a cost
+        that does not grow with the run."""
+        out = {}
+        series = {part: self._by_rank(name) for part, name in _PARTS.items()}
+        for rank, rs in self._by_rank(TIME_LOOP).items():
+            last = rs[-1]
+            first = rs[max(bisect.bisect_right(rs, last.time - seconds, key=_time) - 1, 0)]
+            if last.time <= first.time:
+                continue
+            parts = {
+                part: _value_at(by_rank.get(rank, []), last.time)
+                - _value_at(by_rank.get(rank, []), first.time)
+                for part, by_rank in series.items()
+            }
+            out[rank] = _parts(parts, last.value - first.value)
+        return out
+
     def to_json(self, path: str | os.PathLike) -> Path:
         path = Path(path)
         path.write_text(json.dumps([asdict(r) for r in self.records]))
@@ -185,3 +261,46 @@ class Run:
             run.started = min(r.time for r in records)
             run.world_size = max(r.rank for r in records) + 1
         return run
+
+
+def _time(record: Record) -> float:
+    return record.time
+
+
+def _value_at(records: list[Record], moment: float) -> float:
+    """The value of the last of ``records`` (in time order) at or before ``moment``; 0 before."""
+    i = bisect.bisect_right(records, moment, key=_time)
+    return records[i - 1].value if i else 0.0
+
+
+def _parts(measured: dict[str, float], loop: float) -> dict[str, float]:
+    """The measured parts and "other", the rest of ``loop`` (never below zero)."""
+    parts = {part: measured[part] for part in BREAKDOWN if part != "other"}
+    return parts | {"other": max(loop - sum(parts.values()), 0.0)}
+
+
+def find_straggler(breakdown: dict[int, dict[str, float]]) -> Straggler | None:
+    """``Run.straggler``'s rule applied to one breakdown (``{rank: parts}``); None when no
+    rank stands out."""
+    shares = {
+        rank: parts["communication"] / total
+        for rank, parts in breakdown.items()
+        if (total := sum(parts.values())) > 0
+    }
+    if len(shares) < 2:
+        return None
+    rank = min(shares, key=shares.__getitem__)
+    others = [r for r in shares if r != rank]
+    least = min(shares[r] for r in others)
+    if least < WAITING_SHARE or shares[rank] > CLEARLY_BELOW * least:
+        return None
+    mine = breakdown[rank]
+
+    def excess(part: str) -> float:
+        return mine[part] - sum(breakdown[r][part] for r in others) / len(others)
+
+    cause = max(("data", "compute"), key=excess)
+    if excess(cause) <= 0:
+        return None  # slow elsewhere (evaluation, logging): not in data or compute
+    mean_wait = sum(breakdown[r]["communication"] for r in others) / len(others)
+    return Straggler(rank, cause, max(mean_wait - mine["communication"], 0.0))  # type: ignore[arg-type]

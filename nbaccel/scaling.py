@@ -19,6 +19,12 @@ in the training window, summed, over the training seconds; scaling efficiency is
 ``throughput(N) / (N * throughput(1))``: 1.0 is perfect. On a 2-core CPU two workers also halve
 each worker's threads, so CPU efficiency says more about the machine than about DDP.
 
+Where the time goes: each run keeps every rank's breakdown of its training loop into data,
+compute, communication and other seconds (``Run.breakdown``). The table gives their mean shares
+of the loop per process count (``data %``, ``compute %``, ``comm %``, ``other %``), so it shows
+where efficiency is lost, not only that it is: on one process nothing waits for gradients; at
+two, the communication share is the price of keeping the replicas in step.
+
 The live progress line shows something else: the rate between each rank's last two counter
 records (a quarter second or less), summed, and the wall clock. ``Scaling.live_rate`` reads
 that last rate from the same records. Both rates are defined once, with the records
@@ -27,13 +33,17 @@ that last rate from the same records. Both rates are defined once, with the reco
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .metrics import BREAKDOWN
 from .run import Run, Timing
 
 __all__ = ["Scaling", "Timing", "measure_scaling", "timing"]
+
+NAN = float("nan")  # a share of a run that did not time its loop
 
 
 def timing(run: Run) -> Timing:
@@ -62,11 +72,29 @@ class Scaling:
         counter records (a quarter second or less), summed. A recent window, not the run."""
         return self.runs[n].samples_per_s()
 
+    def breakdown(self, n: int) -> dict[int, dict[str, float]]:
+        """Each rank's data, compute, communication and other seconds in the run with ``n``
+        processes (``Run.breakdown``); {} when the run did not time its loop."""
+        return self.runs[n].breakdown()
+
+    def shares(self, n: int) -> dict[str, float]:
+        """The parts' shares of the training loop (0..1) in the run with ``n`` processes, each
+        the mean over the ranks of part / loop seconds; {} without a breakdown."""
+        ranks = [parts for parts in self.breakdown(n).values() if sum(parts.values()) > 0]
+        if not ranks:
+            return {}
+        return {
+            part: sum(parts[part] / sum(parts.values()) for parts in ranks) / len(ranks)
+            for part in BREAKDOWN
+        }
+
     def rows(self) -> list[dict[str, float]]:
         """One dict per process count: ``processes``, ``samples``, ``startup_s``,
         ``training_s``, ``finish_s``, ``seconds`` (the wall clock), ``samples_per_s``
-        (= samples / training_s) and ``efficiency`` (= samples_per_s / (processes x the
-        smallest count's samples_per_s per process))."""
+        (= samples / training_s), ``efficiency`` (= samples_per_s / (processes x the
+        smallest count's samples_per_s per process)) and the loop's mean shares (0..1)
+        ``data_share``, ``compute_share``, ``communication_share``, ``other_share`` (NaN for a
+        run that did not time its loop)."""
         if not self.runs:
             return []
         base = self.throughput(min(self.runs)) / min(self.runs)
@@ -74,6 +102,7 @@ class Scaling:
         for n in sorted(self.runs):
             t = self.timing(n)
             speed = t.samples_per_s
+            shares = self.shares(n)
             rows.append(
                 {
                     "processes": n,
@@ -83,28 +112,34 @@ class Scaling:
                     "finish_s": t.finish,
                     "seconds": t.wall,
                     "samples_per_s": speed,
-                    "efficiency": speed / (n * base) if base else float("nan"),
+                    "efficiency": speed / (n * base) if base else NAN,
+                    **{f"{part}_share": shares.get(part, NAN) for part in BREAKDOWN},
                 }
             )
         return rows
 
     def table(self) -> str:
-        lines = [
-            "| processes | samples | start-up s | training s | finish s | wall s | samples/s "
-            "| efficiency |",
-            "|---:" * 8 + "|",
-        ]
-        lines += [
-            f"| {r['processes']} | {r['samples']:,.0f} | {r['startup_s']:.2f} | "
-            f"{r['training_s']:.2f} | {r['finish_s']:.2f} | {r['seconds']:.2f} | "
-            f"{r['samples_per_s']:,.0f} | {r['efficiency']:.2f} |"
-            for r in self.rows()
-        ]
+        """The rows as a Markdown table; the breakdown's columns only if some run has one."""
+        rows = self.rows()
+        timed = any(not math.isnan(r["compute_share"]) for r in rows)
+        header = "| processes | samples | start-up s | training s | finish s | wall s | samples/s "
+        header += "| efficiency |" + (" data % | compute % | comm % | other % |" if timed else "")
+        lines = [header, "|---:" * (12 if timed else 8) + "|"]
+        for r in rows:
+            line = (
+                f"| {r['processes']} | {r['samples']:,.0f} | {r['startup_s']:.2f} | "
+                f"{r['training_s']:.2f} | {r['finish_s']:.2f} | {r['seconds']:.2f} | "
+                f"{r['samples_per_s']:,.0f} | {r['efficiency']:.2f} |"
+            )
+            if timed:
+                line += "".join(f" {_percent(r[f'{part}_share'])} |" for part in BREAKDOWN)
+            lines.append(line)
         return "\n".join(lines)
 
     def figure(self):
-        """Throughput (with the ideal line), efficiency, and loss against the seconds since
-        each run's first training step (start-up left out, as in the table)."""
+        """Throughput (with the ideal line), efficiency, where the loop's time goes (if timed),
+        and loss against the seconds since each run's first training step (start-up left out,
+        as in the table)."""
         from .scaling_view import figure  # the drawing side, imported only to draw
 
         return figure(self)
@@ -128,6 +163,10 @@ class Scaling:
         from .display import to_png
 
         return to_png(self.figure())
+
+
+def _percent(share: float) -> str:
+    return "-" if math.isnan(share) else f"{100 * share:.0f}"  # NaN: this run was not timed
 
 
 def measure_scaling(

@@ -1,4 +1,5 @@
-"""The scaling lab's figure: throughput against the ideal line, efficiency, and loss over time.
+"""The scaling lab's figure: throughput against the ideal line, efficiency, where the loop's time
+goes, and loss over time.
 
 The drawing side of ``scaling``: ``Scaling`` holds the runs and their numbers, this module draws
 them (matplotlib's object API, no pyplot). ``Scaling.figure`` imports it when asked to draw.
@@ -6,23 +7,28 @@ them (matplotlib's object API, no pyplot). ``Scaling.figure`` imports it when as
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
+from .breakdown_view import COLOURS
 from .display import loss_name
+from .metrics import BREAKDOWN
 
 if TYPE_CHECKING:
     from .scaling import Scaling
 
 
 def figure(scaling: Scaling):
-    """Throughput (with the ideal line), efficiency, and loss against the seconds since each
-    run's first training step (start-up left out, as in the table)."""
+    """Throughput (with the ideal line), efficiency, the loop's shares per process count (when
+    the runs timed their loops), and loss against the seconds since each run's first training
+    step (start-up left out, as in the table)."""
     from matplotlib.figure import Figure
 
     rows = scaling.rows()
     counts = [r["processes"] for r in rows]
-    fig = Figure(figsize=(12, 3.4), dpi=80, layout="constrained")
-    speed_ax, eff_ax, loss_ax = fig.subplots(1, 3)
+    timed = [r for r in rows if not math.isnan(r["compute_share"])]
+    fig = Figure(figsize=(15 if timed else 12, 3.4), dpi=80, layout="constrained")
+    speed_ax, eff_ax, *time_ax, loss_ax = fig.subplots(1, 4 if timed else 3)
     speed_ax.plot(counts, [r["samples_per_s"] for r in rows], "o-", label="measured")
     if rows:
         ideal = rows[0]["samples_per_s"] / counts[0]
@@ -33,6 +39,8 @@ def figure(scaling: Scaling):
     eff_ax.axhline(1.0, ls="--", color="gray")
     top = max([1.2] + [1.1 * r["efficiency"] for r in rows if r["efficiency"] == r["efficiency"]])
     eff_ax.set(xlabel="processes", title="scaling efficiency", xticks=counts, ylim=(0, top))
+    if timed:
+        shares(time_ax[0], timed)
     for n, run in sorted(scaling.runs.items()):
         name = loss_name(run)
         if name:
@@ -45,3 +53,18 @@ def figure(scaling: Scaling):
     if loss_ax.lines:
         loss_ax.legend(fontsize=8)
     return fig
+
+
+def shares(ax, rows: list[dict[str, float]]) -> None:
+    """One bar per process count, its loop's mean shares stacked: the efficiency lost shows up
+    as the communication (red) and data (orange) parts that grow with the count."""
+    labels = [str(r["processes"]) for r in rows]  # categories: evenly spaced, whatever the counts
+    bottom = [0.0] * len(rows)
+    for part in BREAKDOWN:
+        heights = [100 * r[f"{part}_share"] for r in rows]
+        ax.bar(labels, heights, bottom=bottom, color=COLOURS[part], label=part, width=0.6)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.set(xlabel="processes", ylabel="% of the training loop", ylim=(0, 100))
+    ax.set_title("where the time goes")
+    handles, names = ax.get_legend_handles_labels()  # listed top down, as the bars stack
+    ax.legend(handles[::-1], names[::-1], fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))

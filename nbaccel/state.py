@@ -26,9 +26,11 @@ import torch
 import torch.distributed as dist
 
 from . import collectives
+from .breakdown import Breakdown, communicating
 from .collectives import Reduction
 from .env import DistEnv, backend_for, choose_device
 from .launch_config import LaunchConfig
+from .stacks import listen_from_environ
 
 
 class DistributedType(str, enum.Enum):
@@ -67,8 +69,13 @@ class PartialState:
             (``notebook_launcher(cpu=True)``, ``nbaccel launch --cpu``), else False.
     """
 
+    #: The Accelerator's ``nbaccel.breakdown``, which counts the collectives below as
+    #: communication; a bare PartialState times nothing.
+    _breakdown: Breakdown | None = None
+
     def __init__(self, cpu: bool | None = None) -> None:
         self.env = DistEnv.from_environ()
+        listen_from_environ()  # under `nbaccel launch`: say where this rank is when asked
         if cpu is None:
             cpu = bool(LaunchConfig.from_environ().cpu)
         self.device = choose_device(self.env.local_rank, cpu=cpu)
@@ -132,7 +139,8 @@ class PartialState:
     def wait_for_everyone(self) -> None:
         """A barrier: every rank waits here until all have arrived."""
         if self.use_distributed:
-            dist.barrier()
+            with communicating(self._breakdown, "wait_for_everyone (a barrier)"):
+                dist.barrier()
 
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
@@ -221,18 +229,21 @@ class PartialState:
         Every rank must pass tensors of the same shape (else every rank raises a ``ValueError``
         naming each rank's shape); see ``pad_across_processes``.
         """
-        return collectives.gather(tensor)
+        with communicating(self._breakdown, "gather"):
+            return collectives.gather(tensor)
 
     def reduce(self, tensor: Any, reduction: Reduction = "sum", scale: float = 1.0) -> Any:
         """Sum (the default here, as in Accelerate's Accelerator), average, max or min each tensor
         across ranks; every rank gets the result."""
-        return collectives.reduce(tensor, reduction, scale)
+        with communicating(self._breakdown, "reduce"):
+            return collectives.reduce(tensor, reduction, scale)
 
     def pad_across_processes(
         self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
     ) -> Any:
         """Pad each tensor along ``dim`` to the largest size on any rank, so it can be gathered."""
-        return collectives.pad_across_processes(tensor, dim, pad_index, pad_first)
+        with communicating(self._breakdown, "pad_across_processes"):
+            return collectives.pad_across_processes(tensor, dim, pad_index, pad_first)
 
     # -- one rank stops everyone (early stopping, a NaN loss) -----------------------------------
     def set_trigger(self) -> None:
@@ -242,7 +253,9 @@ class PartialState:
     def check_trigger(self) -> bool:
         """True on every rank when any rank called ``set_trigger`` since the last check (the
         flags are then lowered). A collective: every rank must call it at the same point."""
-        flag = collectives.reduce(torch.tensor(float(self._triggered), device=self.device), "max")
+        flag = torch.tensor(float(self._triggered), device=self.device)
+        with communicating(self._breakdown, "check_trigger"):
+            flag = collectives.reduce(flag, "max")
         self._triggered = False
         return bool(flag.item())
 

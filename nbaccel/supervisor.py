@@ -4,6 +4,9 @@
 ``forkserver_client.py``), relays their output line by line, receives their results, errors and
 metrics (typed messages of ``protocol.py``), stops everyone when one fails, and decides which
 failure was the root cause (``errors.py`` words it).
+
+Before it stops ranks that had not finished (a timeout, the stop button), and when they stop
+making progress, it asks each where it is (``stacks.py``) and says so (``hang.py``).
 """
 
 from __future__ import annotations
@@ -11,16 +14,20 @@ from __future__ import annotations
 import itertools
 import os
 import selectors
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
+from .env import STACKS_VAR
 from .errors import LaunchError, RankFailure, by_priority, root_cause_report
 from .forkserver_client import ForkServer, shared_server
+from .hang import Report, Stall, ask
 from .metrics import decode as decode_records
 from .protocol import Exited, Failure, Message, Result, WorkerSpec, decode
 from .run import Run
@@ -63,6 +70,7 @@ class LaunchSpec:
     timeout: float | None = None  # seconds, then every unfinished rank is stopped
     output: Literal["all", "main"] = "all"  # whose output to show
     monitor_interval: float = 0.1
+    stall_warning: float | None = None  # seconds without a record, then say where ranks are
 
 
 class Launch:
@@ -81,6 +89,9 @@ class Launch:
         self.killed = False
         self.timed_out = False
         self.server_died = False
+        self.stacks_dir: str | None = None  # where the ranks answer stack requests
+        self.stall = Stall(spec.stall_warning)
+        self.found: Report | None = None  # where the ranks were when the timeout struck
 
     def execute(self) -> list[Any]:
         server = shared_server() if self.spec.start_method == "forkserver" else ForkServer()
@@ -96,8 +107,13 @@ class Launch:
             try:
                 self._supervise(server)
             except KeyboardInterrupt:
-                self._stop(server)
-                self._supervise(server)
+                try:  # a second interrupt while asking still stops the workers
+                    found = self._where()
+                finally:
+                    self._stop(server)
+                    self._supervise(server)
+                print(f"nbaccel: interrupted; the workers were stopped. {found}", file=sys.stderr)
+                sys.stderr.flush()
                 raise
             finally:
                 self._drain_metrics()
@@ -114,7 +130,9 @@ class Launch:
 
     def _start(self, server: ForkServer) -> None:
         specs, worker_fds = [], []
+        self.stacks_dir = tempfile.mkdtemp(prefix="nbaccel-stacks-")
         for rank, env in enumerate(self.spec.envs):
+            env = {**env, STACKS_VAR: self.stacks_dir}
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             ours, theirs = socket.socketpair()
@@ -160,7 +178,10 @@ class Launch:
                 timeout = self.spec.timeout
                 if timeout is not None and now - started > timeout and not self.stopping_since:
                     self.timed_out = True
+                    self.found = self._where()  # before anyone is stopped
                     self._stop(server)
+                if not self.stopping_since:
+                    self._check_stall(now)
                 if (
                     self.stopping_since
                     and not self.killed
@@ -233,6 +254,29 @@ class Launch:
             records, rank, dropped = decode_records(datagram)
             self.run.add(records)
             self.run.dropped[rank] = dropped
+            if records:
+                self.stall.heard_from(rank, time.monotonic())
+
+    def _running(self) -> list[int]:
+        """Ranks that have not finished: neither returned nor exited."""
+        return [r.rank for r in self.ranks if r.exit_code is None and r.result is None]
+
+    def _where(self) -> Report:
+        """Where every rank that has not finished is (a fraction of a second at most)."""
+        self._drain_metrics()  # the step counts, as up to date as they come
+        returned = [r.rank for r in self.ranks if r.result is not None]
+        return ask(self.stacks_dir, self._running(), returned, self.run)
+
+    def _check_stall(self, now: float) -> None:
+        quiet = self.stall.quiet(self._running(), now)
+        if quiet:
+            print(
+                f"nbaccel: no step, sample or log from ranks {quiet} for "
+                f"{self.stall.seconds:g} s; they are still running, nothing was stopped. "
+                f"{self._where()}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _drain_metrics(self) -> None:
         for r in self.ranks:
@@ -282,12 +326,13 @@ class Launch:
         failures = self.run.failures = self._failures()
         if self.timed_out and not any(f.exc_type for f in failures if not f.secondary):
             late = [r.rank for r in self.ranks if r.signaled]
+            found = self.found or "A rank stuck in a collective usually means another skipped it."
             raise LaunchError(
                 f"timeout: ranks {late} had not finished after {self.spec.timeout} s and were "
-                "stopped. "
-                "A rank stuck in a collective usually means another rank skipped it.",
+                f"stopped. {found}",
                 failures,
                 self.run,
+                stacks=self.found.stacks if self.found else None,
             ) from None
         if self.server_died and not failures:
             raise LaunchError("nbaccel's fork server died; the next launch starts a new one")
@@ -337,6 +382,8 @@ class Launch:
             r.channel.close()
             if r.metrics is not None:
                 r.metrics.close()
+        if self.stacks_dir is not None:
+            shutil.rmtree(self.stacks_dir, ignore_errors=True)
         if self.spec.start_method == "spawn":
             server.close()
 

@@ -31,6 +31,7 @@ from .metrics import (
 from .run import Run
 
 if TYPE_CHECKING:
+    from .breakdown import Breakdown
     from .display import LiveView  # a type here: display is imported only to draw (below)
 
 
@@ -46,6 +47,8 @@ class Tracker:
         device: the device the loop trains on (the Accelerator's): it names the run's device
             unless a launcher's run did, and on CUDA gives ``memory`` (the peak allocated).
         clock: seconds for the quarter-second pace of the counters (tests pass their own).
+        breakdown: where this rank's time went (``nbaccel.breakdown``, the Accelerator's):
+            its ``TIME_*`` counters are recorded with the others.
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class Tracker:
         memory: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         device: Any = None,
+        breakdown: Breakdown | None = None,
     ) -> None:
         env = DistEnv.from_environ()
         self.rank = env.rank
@@ -71,6 +75,7 @@ class Tracker:
         self._live = bool(live) and self.run is not None and env.rank == 0
         self._view: LiveView | None = None if isinstance(live, bool | int) else live
         self._memory = memory
+        self.breakdown = breakdown
         self.clock = clock
         self.samples = 0  # cumulative on this rank
         self.optimizer_steps = 0
@@ -138,20 +143,25 @@ class Tracker:
             self._view.refresh_text()
         self.tick()
 
-    def _record_counters(self) -> None:
+    def _record_counters(self, last: bool = False) -> None:
         if (self.samples, self.optimizer_steps) == self._last_counters:
-            return  # nothing new: a repeat would read as a rate of zero
+            # nothing new: a repeat would read as a rate of zero; the times' last word counts
+            if last and self.breakdown is not None and (times := self.breakdown.counters()):
+                self.channel.add(self.optimizer_steps, times)
+            return
         self._last_counters = (self.samples, self.optimizer_steps)
         counters = {SAMPLES: float(self.samples)}
         if self.optimizer_steps:  # a loop that counts no steps shows its log calls as steps
             counters[STEPS] = float(self.optimizer_steps)
         if self._memory is not None:
             counters[MEMORY] = self._memory()
+        if self.breakdown is not None:
+            counters.update(self.breakdown.counters())
         self.channel.add(self.optimizer_steps, counters)
 
     def close(self) -> None:
         """Send the last numbers and draw the final view (safe to call twice)."""
-        self._record_counters()
+        self._record_counters(last=True)
         self.channel.flush()
         if self._view is not None:
             self._view.close(self.run)

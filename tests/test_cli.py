@@ -61,6 +61,19 @@ folder = pathlib.Path(sys.argv[1])
 os.replace(folder / f".{os.environ['RANK']}", folder / os.environ["RANK"])  # appears whole
 time.sleep(120)
 """
+HANGS = """
+import time, torch
+import torch.distributed as dist
+from nbaccel import PartialState
+
+def wait_for_the_moon():
+    time.sleep(120)
+
+state = PartialState()  # under nbaccel launch, it also listens for "where are you?"
+if state.process_index == 1:
+    wait_for_the_moon()
+dist.all_reduce(torch.ones(1))
+"""
 
 
 @pytest.fixture
@@ -127,6 +140,20 @@ def test_a_failed_rank_is_named_with_its_exit_code(tmp_path, config):
     assert "RuntimeError: rank 1 broke on purpose" in done.stderr  # torchrun's output shows
     summary = done.stderr.strip().splitlines()[-1]
     assert re.match(r"nbaccel launch: rank 1 on \S+ failed with exit code 1;", summary), summary
+
+
+@pytest.mark.multiprocess
+def test_a_timeout_names_where_each_rank_was_stuck(tmp_path, config):
+    path = script(tmp_path, HANGS)
+    env = {"TMPDIR": str(tmp_path)}  # the sockets' folder, to see that it is removed
+    done = nbaccel(config, "launch", "-n", "2", "--cpu", "--timeout", "30", path, env=env)
+    assert done.returncode == 124, done.stderr[-3000:]
+    report = done.stderr[done.stderr.index("nbaccel launch: timeout") :]
+    assert report.startswith("nbaccel launch: timeout: the run had not finished after 30 s")
+    assert "rank 1 is in `wait_for_the_moon` (script.py, line 7)" in report, report
+    assert "rank 0 waits in `all_reduce` called from `<module>` (script.py, line 12)" in report
+    assert "time.sleep(120)" in report  # the source, read on this side
+    assert not list(tmp_path.glob("nbaccel-stacks-*"))
 
 
 @pytest.mark.multiprocess
@@ -227,6 +254,8 @@ def _read_some(fd: int, into: bytearray) -> bool:
         (["--master-addr", "10.0.0.1", "x.py"], "--master-addr needs --master-port too"),
         (["--master-port", "70000", "x.py"], "--master-port 70000 is not a port"),
         (["missing.py"], "'missing.py' is not a file; for a module, add -m"),
+        (["--timeout", "soon", "x.py"], "'soon' is not a number of seconds, e.g. 600"),
+        (["--timeout", "0", "x.py"], "0 must be a positive number of seconds"),
     ],
 )
 def test_bad_launch_arguments_exit_2_and_name_the_value(capsys, args, message):

@@ -7,8 +7,19 @@ import subprocess
 import sys
 import time
 
+from matplotlib.colors import to_rgb
+
 from nbaccel.display import ConsoleFrontend, LiveView, Panel, figure, png, progress
-from nbaccel.metrics import SAMPLES, STEPS, Record
+from nbaccel.metrics import (
+    BREAKDOWN,
+    SAMPLES,
+    STEPS,
+    TIME_COMMUNICATION,
+    TIME_COMPUTE,
+    TIME_DATA,
+    TIME_LOOP,
+    Record,
+)
 from nbaccel.run import Run
 
 
@@ -194,3 +205,105 @@ def test_the_display_side_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def timed_run(parts: dict[int, dict[str, float]], records: int = 8, start: float = 5000.0) -> Run:
+    """A run whose ranks timed their loops: every ``TICK`` seconds each rank records the
+    breakdown counters, growing evenly to ``parts`` (rank -> part -> seconds at the end)."""
+    counters = {
+        "data": TIME_DATA,
+        "compute": TIME_COMPUTE,
+        "communication": TIME_COMMUNICATION,
+    }
+    run = Run(world_size=len(parts), started=start)
+    for i in range(1, records + 1):
+        for rank, seconds in parts.items():
+            share = i / records  # exact at the end, and half-way for an even count
+            t = start + i / 4
+            loop = share * sum(seconds.values())
+            run.add([Record(rank, i, t, SAMPLES, 32.0 * i), Record(rank, i, t, TIME_LOOP, loop)])
+            run.add([Record(rank, i, t, counters[p], share * seconds[p]) for p in counters])
+    return run
+
+
+SLOW_DATA = {  # rank 1 waits for its batches; rank 0 waits for rank 1 in the gradient sync
+    0: {"data": 0.25, "compute": 4.0, "communication": 3.0, "other": 0.75},
+    1: {"data": 3.25, "compute": 4.0, "communication": 0.0, "other": 0.75},
+}
+
+
+def bar_widths(ax) -> dict[str, list[float]]:
+    """part -> each rank's bar width, rank 0 first, read from the axes' bar containers."""
+    return {c.get_label(): [bar.get_width() for bar in c.patches] for c in ax.containers}
+
+
+def test_the_breakdown_is_one_stacked_bar_per_rank():
+    fig = figure(timed_run(SLOW_DATA))
+    assert len(fig.axes) == 3
+    ax = fig.axes[2]
+    assert bar_widths(ax) == {part: [SLOW_DATA[r][part] for r in (0, 1)] for part in BREAKDOWN}
+    for rank in (0, 1):  # stacked: each part starts where the one before it ends
+        lefts = [c.patches[rank].get_x() for c in ax.containers]
+        ends = [c.patches[rank].get_x() + c.patches[rank].get_width() for c in ax.containers]
+        assert lefts == [0.0, *ends[:-1]] and ends[-1] == 8.0  # the rank's loop seconds
+    assert [label.get_text() for label in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+    assert ax.get_ylim()[0] > ax.get_ylim()[1]  # rank 0 on top
+    # the key: each part's name in the colour of its bars
+    key = [(word.get_text(), to_rgb(word.get_color())) for word in ax.texts]
+    assert key == [(c.get_label(), to_rgb(c.patches[0].get_facecolor())) for c in ax.containers]
+
+
+def test_a_loop_without_breakdown_counters_has_no_breakdown_axes():
+    panel = Panel()
+    panel.update(a_run())
+    assert panel.breakdown is None and len(panel.fig.axes) == 2
+    assert panel.fig.get_size_inches()[0] == 10  # the panel as before the breakdown
+
+
+def test_the_bars_follow_the_run_and_a_rank_heard_late():
+    records = timed_run(SLOW_DATA, records=8).records
+    panel = Panel()
+    run = Run(world_size=2, started=5000.0)
+    run.add([r for r in records if r.rank == 1 and r.step <= 4])  # rank 0 not heard yet
+    panel.update(run)
+    ax = panel.breakdown.ax
+    assert bar_widths(ax)["data"] == [3.25 / 2]  # half-way through rank 1's loop
+    run.add([r for r in records if r not in run.records])
+    panel.update(run)
+    assert len(ax.containers) == len(BREAKDOWN) and len(ax.patches) == 2 * len(BREAKDOWN)
+    assert bar_widths(ax)["data"] == [0.25, 3.25] and ax.get_xlim()[1] >= 8.0
+
+
+def test_a_panel_with_the_breakdown_redrawn_equals_one_drawn_afresh():
+    timed = timed_run(SLOW_DATA, records=40).records
+    # the loop's counters start at the 7th record: the first 12 records are samples only
+    records = [r for r in timed if r.step > 6 or not r.name.startswith("nbaccel/time/")]
+    panel = Panel()
+    for cut in (12, 60, len(records)):  # the breakdown's axes are added between these two
+        run = Run(world_size=2, started=5000.0)
+        run.add(records[:cut])
+        redrawn = panel.png(run, now=5020.0)
+        assert (panel.breakdown is None) == (cut == 12)
+    assert redrawn == png(run, now=5020.0)
+
+
+def test_the_progress_line_and_the_panel_name_the_straggler():
+    run = timed_run(SLOW_DATA, records=40)
+    straggler = run.straggler()
+    assert straggler is not None and (straggler.rank, straggler.cause) == (1, "data")
+    line = progress(run, now=5010.0)
+    assert line.endswith(
+        f" | 10 s | rank 1 is the straggler (data: others waited {straggler.waited:.1f} s)"
+    )
+    ax = figure(run).axes[2]
+    rank0, rank1 = ax.get_yticklabels()
+    assert rank1.get_fontweight() == "bold" and rank0.get_fontweight() == "normal"
+
+
+def test_balanced_ranks_have_no_straggler():
+    even = {"data": 0.25, "compute": 6.0, "communication": 1.0, "other": 0.75}
+    run = timed_run({0: even, 1: even}, records=40)
+    assert run.straggler() is None
+    assert "straggler" not in progress(run, now=5010.0)
+    ax = figure(run).axes[2]
+    assert {label.get_fontweight() for label in ax.get_yticklabels()} == {"normal"}

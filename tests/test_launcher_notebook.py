@@ -6,6 +6,7 @@ worker process is left below it.
 
 from __future__ import annotations
 
+import re
 import time
 
 import psutil
@@ -118,6 +119,55 @@ def test_interrupt_stops_the_workers_and_keeps_the_kernel(kernel):
     assert (
         kernel.run("notebook_launcher(train, args=(Scaler(1.0),), num_processes=2)").value == "3.0"
     )
+
+
+HANGS = """
+import torch.distributed as dist
+from nbaccel import PartialState
+
+def wait_for_the_moon():
+    print("waiting for the moon", flush=True)
+    time.sleep(600)
+
+def hang():
+    state = PartialState()
+    if state.process_index == 1:
+        dist.send(torch.ones(1), dst=0)  # rank 0 prints only once rank 1 got this far
+        wait_for_the_moon()
+    dist.recv(torch.ones(1), src=1)
+    print("reducing", flush=True)
+    dist.all_reduce(torch.ones(1))
+"""
+
+
+def where_they_hang(text: str) -> None:
+    """Both ranks' frames, named by the cell and line they are at, and the collective."""
+    lines = HANGS.lstrip("\n").splitlines()  # IPython drops a cell's leading empty lines
+    sleeps = 1 + next(i for i, line in enumerate(lines) if "time.sleep(600)" in line)
+    reduces = 1 + next(i for i, line in enumerate(lines) if "dist.all_reduce" in line)
+    moon = re.search(rf"rank 1 is in `wait_for_the_moon` \(cell (\d+), line {sleeps}\)", text)
+    waits = f"rank 0 waits in `all_reduce` called from `hang` (cell {moon and moon[1]}, line "
+    assert moon and f"{waits}{reduces})" in text, text
+    assert "time.sleep(600)" in text and "dist.all_reduce(torch.ones(1))" in text  # the source
+
+
+def test_an_interrupted_hang_shows_where_each_rank_was(kernel):
+    kernel.run(HANGS)
+    msg_id = kernel.start("notebook_launcher(hang, num_processes=2)")
+    kernel.wait_for_output("[rank 0] reducing")
+    kernel.manager.interrupt_kernel()  # Jupyter's stop button
+    out = kernel.finish(msg_id)
+    assert out.error["ename"] == "KeyboardInterrupt"
+    assert "nbaccel: interrupted; the workers were stopped." in out.stderr
+    where_they_hang(out.stderr)
+
+
+def test_a_hang_past_its_timeout_shows_where_each_rank_was(kernel):
+    kernel.run(HANGS)
+    out = kernel.run("notebook_launcher(hang, num_processes=2, timeout=15)")
+    assert out.error["ename"] == "LaunchError"
+    assert "timeout: ranks [0, 1] had not finished after 15 s" in out.error["evalue"]
+    where_they_hang(out.error["evalue"])
 
 
 SOAK = """

@@ -8,7 +8,15 @@ import sys
 
 import pytest
 
-from nbaccel.metrics import SAMPLES, Record
+from nbaccel.metrics import (
+    BREAKDOWN,
+    SAMPLES,
+    TIME_COMMUNICATION,
+    TIME_COMPUTE,
+    TIME_DATA,
+    TIME_LOOP,
+    Record,
+)
 from nbaccel.run import Run
 from nbaccel.scaling import Scaling, measure_scaling
 
@@ -58,7 +66,11 @@ def test_one_and_two_processes(tmp_path):
     # every sample of the 61 steps of 32 is counted, on each rank: 32 x 61 per process
     assert [r["samples"] for r in rows] == [32 * 61, 2 * 32 * 61]
     assert result.runs[2].world_size == 2 and len(result.runs[2].series("loss")) == 2
-    assert len(result.figure().axes) == 3
+    for r in rows:  # the ranks timed their loops: the shares of each count's loop add up
+        assert sum(r[f"{p}_share"] for p in BREAKDOWN) == pytest.approx(1.0)
+    assert rows[1]["communication_share"] > 0  # two ranks wait for each other's gradients
+    assert len(result.breakdown(2)) == 2
+    assert len(result.figure().axes) == 4  # throughput, efficiency, the shares, loss
     assert result.table().splitlines()[2].startswith("| 1 | ")
     assert result._repr_png_()[:4] == b"\x89PNG"
 
@@ -93,6 +105,8 @@ def test_the_cli_prints_the_table_and_saves_the_figure(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| processes | samples | start-up s | training s | finish s | wall s |" in out.stdout
+    assert "| data % | compute % | comm % | other % |" in out.stdout
+    assert "The % columns: shares of each rank's training loop" in out.stdout
     assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -193,3 +207,62 @@ def test_the_figure_is_drawn_by_the_drawing_side():
     assert [line.get_label() for line in loss.lines] == ["1 proc"]
     assert efficiency.lines[0].get_ydata()[0] == pytest.approx(1.0)
     assert len(Scaling(runs={1: run}).figure().axes) == 3
+
+
+def timed(n: int, parts: list[dict[str, float]]) -> Run:
+    """A run of ``n`` ranks whose loops took ``parts[rank]`` seconds (data, compute,
+    communication; other is the rest of 8 s), with a samples counter for its clock."""
+    run = Run(world_size=n, started=0.0, finished=10.0)
+    names = {"data": TIME_DATA, "compute": TIME_COMPUTE, "communication": TIME_COMMUNICATION}
+    for rank in range(n):
+        run.add(counters(rank, [(1.0, 32.0), (9.0, 320.0)]))
+        run.add([Record(rank, 1, 9.0, TIME_LOOP, 8.0)])
+        run.add([Record(rank, 1, 9.0, names[p], s) for p, s in parts[rank].items()])
+    return run
+
+
+ONE = [{"data": 0.5, "compute": 7.0, "communication": 0.0}]  # other: 0.5 s of 8
+TWO = [  # the communication grows with the count: the ranks wait for each other
+    {"data": 0.5, "compute": 5.0, "communication": 2.0},
+    {"data": 1.5, "compute": 5.0, "communication": 1.0},
+]
+
+
+def test_the_rows_and_the_table_carry_where_the_loop_goes():
+    scaling = Scaling(runs={1: timed(1, ONE), 2: timed(2, TWO)})
+    assert scaling.breakdown(2)[1] == {**TWO[1], "other": 0.5}
+    one, two = scaling.rows()
+    assert [one[f"{p}_share"] for p in BREAKDOWN] == [1 / 16, 14 / 16, 0.0, 1 / 16]
+    assert [two[f"{p}_share"] for p in BREAKDOWN] == [2 / 16, 10 / 16, 3 / 16, 1 / 16]  # means
+    header, _, first, second = scaling.table().splitlines()
+    assert header.endswith("| efficiency | data % | compute % | comm % | other % |")
+    assert first.endswith("| 6 | 88 | 0 | 6 |") and second.endswith("| 12 | 62 | 19 | 6 |")
+
+
+def test_a_run_that_did_not_time_its_loop_has_no_shares():
+    scaling = Scaling(runs={1: timed(1, ONE), 2: Run(world_size=2, started=0.0, finished=1.0)})
+    assert scaling.shares(2) == {} and scaling.breakdown(2) == {}
+    row = scaling.rows()[1]
+    assert all(row[f"{p}_share"] != row[f"{p}_share"] for p in BREAKDOWN)  # NaN
+    assert scaling.table().splitlines()[3].endswith("| - | - | - | - |")
+    untimed = Scaling(runs={2: Run(world_size=2, started=0.0, finished=1.0)})
+    assert untimed.table().splitlines()[0].endswith("| efficiency |")  # the table as before
+    assert len(untimed.figure().axes) == 3  # and the figure
+
+
+def test_the_figure_stacks_the_shares_per_process_count():
+    fig = Scaling(runs={1: timed(1, ONE), 2: timed(2, TWO)}).figure()
+    assert [ax.get_title() for ax in fig.axes] == [
+        "throughput",
+        "scaling efficiency",
+        "where the time goes",
+        "loss",
+    ]
+    shares = fig.axes[2]
+    assert [c.get_label() for c in shares.containers] == list(BREAKDOWN)
+    heights = {c.get_label(): [bar.get_height() for bar in c.patches] for c in shares.containers}
+    assert heights["communication"] == [0.0, 100 * 3 / 16]
+    for count in (0, 1):  # stacked: each part starts where the one before it ends, up to 100 %
+        bottoms = [c.patches[count].get_y() for c in shares.containers]
+        tops = [c.patches[count].get_y() + c.patches[count].get_height() for c in shares.containers]
+        assert bottoms == [0.0, *tops[:-1]] and tops[-1] == pytest.approx(100.0)

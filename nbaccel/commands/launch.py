@@ -5,16 +5,25 @@ also scales to many nodes. The flags become the same ``LaunchConfig`` that ``not
 builds (defaults from ``nbaccel config``, every check in ``launch_config.py``), whose variables
 (``NBACCEL_MIXED_PRECISION``, ``NBACCEL_CPU``...) ``Accelerator()`` reads in each process; a
 failed run ends with one line that names the failing rank and its exit code.
+
+``--timeout`` stops a run that has not finished after that many seconds; then, as on Ctrl-C or
+SIGTERM, it first asks every local rank where it is (each rank's ``PartialState`` listens on a
+socket in a temporary folder named by ``NBACCEL_STACKS_DIR``, ``stacks.py``) and ends with that
+report. There is no ``--stall-warning``: under torchrun the workers' records stay in the workers
+(no channel reaches this process), so it cannot see them stop.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
+import tempfile
 
-from ..env import PANEL_VAR
+from ..env import PANEL_VAR, STACKS_VAR
+from ..hang import Report, ask
 from ..launch_config import FLAGS, LaunchConfig
 from ..launch_config import check_gpus as launch_check_gpus
 from ..precision import MODES
@@ -65,6 +74,12 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         help="when a process fails, restart them all, up to N times (torchrun's; default 0)",
     )
     parser.add_argument(
+        "--timeout",
+        type=seconds,
+        metavar="SECONDS",
+        help="stop the run if it has not finished after SECONDS, saying where each rank was",
+    )
+    parser.add_argument(
         "--save-panel", metavar="PNG", help="save rank 0's final live panel to this PNG file"
     )
     parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
@@ -80,10 +95,28 @@ def launch_command(args: argparse.Namespace) -> int:
     env = {**os.environ, **config.to_environ()}
     if args.save_panel:
         env[PANEL_VAR] = os.path.abspath(args.save_panel)
-    outcome = run_torchrun(torchrun_command(args, config.num_processes), env)
+    first = config.node_rank * config.num_processes
+    ranks = list(range(first, first + config.num_processes))  # this machine's
+    found: list[Report] = []
+    with tempfile.TemporaryDirectory(prefix="nbaccel-stacks-") as folder:
+        env[STACKS_VAR] = folder
+        outcome = run_torchrun(
+            torchrun_command(args, config.num_processes),
+            env,
+            timeout=args.timeout,
+            before_stop=lambda: found.append(ask(folder, ranks, [])),
+        )
+    where = f" {found[0]}" if found else ""
+    if outcome.timed_out:
+        print(
+            f"nbaccel launch: timeout: the run had not finished after {args.timeout:g} s; "
+            f"torchrun stopped the workers.{where}",
+            file=sys.stderr,
+        )
+        return 124  # as coreutils' timeout
     if outcome.signal is not None:
         name = signal.Signals(outcome.signal).name
-        print(f"nbaccel launch: stopped by {name}; the workers were ended.", file=sys.stderr)
+        print(f"nbaccel launch: stopped by {name}; the workers were ended.{where}", file=sys.stderr)
         return 128 + outcome.signal
     if outcome.returncode != 0:
         print(f"nbaccel launch: {outcome.describe()}", file=sys.stderr)
@@ -128,6 +161,17 @@ def torchrun_command(args: argparse.Namespace, nproc: int) -> list[str]:
     if args.module:
         command.append("-m")
     return [*command, args.script, *args.script_args]
+
+
+def seconds(text: str) -> float:
+    """An argparse ``type``: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, e.g. 600") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
 
 
 def check_script(args: argparse.Namespace) -> None:

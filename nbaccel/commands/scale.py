@@ -1,4 +1,5 @@
-"""``nbaccel scale``: run a training function at several process counts; print the table.
+"""``nbaccel scale``: run a training function at several process counts; print the table (and
+where each count's loop time goes, when the ranks timed it).
 
 TARGET names the function as ``path/to/file.py:train`` or ``package.module:train``; it runs
 through ``notebook_launcher`` once per count, exactly as ``measure_scaling`` does in a notebook.
@@ -45,11 +46,20 @@ def scale_command(args: argparse.Namespace) -> int:
         mixed_precision=args.mixed_precision,
         live=False,
     )
-    print(result.table())
+    table = result.table()
+    print(table)
+    if "comm %" in table.splitlines()[0]:
+        print(SHARES)
     if args.save:
         result.save_png(args.save)
         print(f"figure saved to {args.save}")
     return 0
+
+
+SHARES = """\
+The % columns: shares of each rank's training loop, averaged over the ranks. data = waiting
+for the next batch, compute = forward, backward and optimizer step, comm = blocked in gradient
+synchronisation and other collectives, other = the loop's own Python (logging, evaluation)."""
 
 
 def load_target(target: str):

@@ -4,6 +4,10 @@ torchrun's stderr (and so its workers', which inherit it) passes through a pipe 
 chunk to our stderr as it arrives, unchanged, and keeps the last part: when a worker fails,
 torchrun ends with a "Root Cause (first observed failure)" block that names the rank and its
 exit code, and ``RunOutcome.describe`` turns that block into one line.
+
+A ``timeout`` ends torchrun as SIGTERM would; ``before_stop`` runs once before torchrun is told
+to stop its workers (on the timeout, or on the first signal), while they are still where they
+were: ``nbaccel launch`` asks them for their stacks there.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
@@ -29,6 +34,7 @@ class RunOutcome:
     returncode: int
     stderr_tail: str = ""
     signal: int | None = None  # the signal that stopped us, if one did
+    timed_out: bool = False  # the timeout stopped it
 
     @property
     def exit_status(self) -> int:
@@ -62,18 +68,32 @@ class RunOutcome:
         )
 
 
-def run_torchrun(command: list[str], env: dict[str, str]) -> RunOutcome:
-    """Run ``command`` to the end; SIGINT/SIGTERM are passed on to it, and we wait for it."""
+def run_torchrun(
+    command: list[str],
+    env: dict[str, str],
+    timeout: float | None = None,
+    before_stop: Callable[[], None] | None = None,
+) -> RunOutcome:
+    """Run ``command`` to the end; SIGINT/SIGTERM are passed on to it, and we wait for it; past
+    ``timeout`` seconds it is stopped as SIGTERM would stop it."""
     received: list[int] = []
     workers: set[psutil.Process] = set()
     child: subprocess.Popen | None = None
+    asked: list[bool] = []
+
+    def stopping() -> None:
+        with contextlib.suppress(psutil.Error):
+            workers.update(psutil.Process(child.pid).children(recursive=True))
+        if before_stop is not None and not asked:
+            asked.append(True)
+            before_stop()
 
     def forward(signum: int, frame: object) -> None:
         received.append(signum)
         if child is None:
             return  # not started yet: it will not be
-        with contextlib.suppress(psutil.Error):
-            workers.update(psutil.Process(child.pid).children(recursive=True))
+        if len(received) == 1:
+            stopping()
         if len(received) > 1:  # a second signal means "now"
             for process in [*workers, child]:
                 with contextlib.suppress(psutil.Error, OSError):
@@ -83,13 +103,20 @@ def run_torchrun(command: list[str], env: dict[str, str]) -> RunOutcome:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     tail = bytearray()
+    timed_out = False
     try:
         if received:
             return RunOutcome(128 + received[0], signal=received[0])
         child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
         pump = threading.Thread(target=_pump, args=(child.stderr, tail), daemon=True)
         pump.start()
-        returncode = child.wait()
+        try:
+            returncode = child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            stopping()
+            child.send_signal(signal.SIGTERM)  # torchrun stops its workers, then exits
+            returncode = child.wait()
         # torchrun ends its workers before it exits; these are only ever stragglers of a
         # torchrun that was interrupted while doing so.
         _, alive = psutil.wait_procs(workers, timeout=GRACE_SECONDS)
@@ -106,7 +133,7 @@ def run_torchrun(command: list[str], env: dict[str, str]) -> RunOutcome:
             child.kill()
             child.wait()
     text = bytes(tail).decode(errors="replace")
-    return RunOutcome(returncode, text, received[0] if received else None)
+    return RunOutcome(returncode, text, received[0] if received else None, timed_out)
 
 
 def _pump(source, tail: bytearray) -> None:

@@ -68,6 +68,8 @@ class Strategy:
         self.mixed_precision = mixed_precision
         self.accumulation_steps = accumulation.num_steps or 1
         self.precision = Precision(mixed_precision, self.device, scale=self.scales_losses)
+        self.breakdown = state._breakdown  # where the time goes (None: NBACCEL_BREAKDOWN=0)
+        self._timed: list[torch.nn.Module] = []  # models whose forward it times
 
     # -- prepare -------------------------------------------------------------------------------
     def prepare(self, objects: tuple[Any, ...], prepare_one: Callable[[Any], Any]) -> list[Any]:
@@ -82,12 +84,19 @@ class Strategy:
         model = model.to(self.device)
         if self.precision.dtype is not None:
             model.forward = AutocastForward(model.forward, self.precision)
+        return self.timed(model)
+
+    def timed(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model``, its forward timed as compute by the breakdown (once, however often it is
+        prepared)."""
+        if self.breakdown is not None and model not in self._timed:
+            self._timed.append(self.breakdown.watch(model))
         return model
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, window: AccumulationWindow
     ) -> AcceleratedOptimizer:
-        return AcceleratedOptimizer(optimizer, window, self.precision)
+        return AcceleratedOptimizer(optimizer, window, self.precision, self.breakdown)
 
     # -- the training step -----------------------------------------------------------------------
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:

@@ -8,6 +8,9 @@ The engine owns more than DDP or FSDP do, and the Accelerator leaves it all to t
   and decides when they are reduced (told which micro-batch ends a window);
 * it saves its own sharded checkpoint, which ``save_state`` puts inside nbaccel's folder;
 * it needs a process group even for one process: a private one (no port), left in ``end``.
+
+The breakdown (``nbaccel.breakdown``) times the engine's forward, backward and step as compute:
+its collectives, inside ``deepspeed.comm``, are not measured apart.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch.distributed as dist
 
 from .. import checkpoint, zero
 from ..accumulation import AccumulationWindow, GradientAccumulationPlugin
+from ..breakdown import Breakdown, computing
 from ..data import PreparedDataLoader
 from ..env import backend_for
 from ..optim import AcceleratedOptimizer
@@ -111,12 +115,12 @@ class DeepSpeed(Strategy):
         self.engine = engine
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model if zero.is_engine(model) else super().prepare_model(model)
+        return self.timed(model) if zero.is_engine(model) else super().prepare_model(model)
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, window: AccumulationWindow
     ) -> AcceleratedOptimizer:
-        return DeepSpeedOptimizer(optimizer, window, self.precision, self.engine)
+        return DeepSpeedOptimizer(optimizer, window, self.precision, self.engine, self.breakdown)
 
     # -- the training step: the engine's -------------------------------------------------------
     def backward(self, loss: torch.Tensor, sync: bool, **kwargs: Any) -> None:
@@ -203,14 +207,22 @@ class DeepSpeedOptimizer(AcceleratedOptimizer):
     The engine zeroes the gradients after its step, so ``zero_grad()`` does nothing.
     """
 
-    def __init__(self, optimizer: Any, window: AccumulationWindow, precision: Any, engine: Any):
-        super().__init__(optimizer, window, precision)
+    def __init__(
+        self,
+        optimizer: Any,
+        window: AccumulationWindow,
+        precision: Any,
+        engine: Any,
+        breakdown: Breakdown | None = None,
+    ) -> None:
+        super().__init__(optimizer, window, precision, breakdown)
         self.engine = engine
 
     def step(self, closure=None):  # type: ignore[override]
         if closure is not None:
             raise ValueError("optimizer.step(closure) is not supported under DeepSpeed")
-        self.engine.step()
+        with computing(self.breakdown):
+            self.engine.step()
         self.stepped = self.window.sync_gradients and self.engine.was_step_applied()
         self.step_was_skipped = self.window.sync_gradients and not self.stepped
         self.window.stepped(self.optimizer, self.stepped)

@@ -4,6 +4,10 @@ PyTorch's ``fully_shard`` does the work (``nbaccel.sharding``); this strategy fi
 Accelerator: sharding replaces the model's parameters, so the optimizers are pointed at the new
 ones; gradients are reduce-scattered, so ``no_sync`` switches that off instead of DDP's
 all-reduce; tensors are DTensors, gathered whole for a file or a gradient norm.
+
+The breakdown (``nbaccel.breakdown``) times FSDP2's all-gathers and reduce-scatters on CPU, by
+handing each sharded module FSDP2's own default collectives wrapped in a clock
+(``set_custom_all_gather``/``set_custom_reduce_scatter``); gloo blocks inside them.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .. import breakdown
 from ..accumulation import AccumulationWindow
 from ..optim import AcceleratedOptimizer
 from ..sharding import (
@@ -57,7 +62,9 @@ class FSDP(Strategy):
         self._replaced.update({before[n]: after[n] for n in before if n in after})
         for optimizer in self._optimizers:  # prepared in an earlier call
             swap_parameters(optimizer, self._replaced)
-        return model  # FSDP's mixed-precision policy casts; no autocast around its forward
+        if self.breakdown is not None and self.device.type == "cpu":
+            time_collectives(model, self.breakdown)
+        return self.timed(model)  # FSDP's mixed-precision policy casts: no autocast on forward
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, window: AccumulationWindow
@@ -113,3 +120,34 @@ class FSDP(Strategy):
             load_full_states(models, optimizers, model_states, optimizer_states)
         else:
             super().load_states(models, optimizers, model_states, optimizer_states)
+
+
+def time_collectives(model: torch.nn.Module, timing: breakdown.Breakdown) -> None:
+    """Count the time inside each sharded module's all-gathers and reduce-scatters as
+    communication. FSDP2's default collectives do the work, unchanged; where this version of
+    torch lacks them, or a module refuses a custom one, its collectives stay in compute."""
+    from torch.distributed.fsdp import FSDPModule
+
+    try:  # FSDP2's own defaults live in a private module: if it moves, time nothing
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+            DefaultAllGather,
+            DefaultReduceScatter,
+        )
+    except ImportError:
+        return
+
+    class TimedAllGather(DefaultAllGather):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            with breakdown.communicating(timing, "FSDP's all_gather"):
+                return super().__call__(*args, **kwargs)
+
+    class TimedReduceScatter(DefaultReduceScatter):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            with breakdown.communicating(timing, "FSDP's reduce_scatter"):
+                return super().__call__(*args, **kwargs)
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule) and hasattr(module, "set_custom_reduce_scatter"):
+            with contextlib.suppress(ValueError):  # several parameter groups: left alone
+                module.set_custom_all_gather(TimedAllGather())
+                module.set_custom_reduce_scatter(TimedReduceScatter())

@@ -1,0 +1,256 @@
+"""Where each rank's training time goes: waiting for data, computing, communicating, the rest.
+
+Every rank keeps one ``Breakdown``: cumulative seconds since its loop's first timed moment (in
+a training loop, the first batch asked of a prepared DataLoader). The tracker records them
+with its other counters every quarter second (``metrics.TIME_*``); ``Run.breakdown()`` reads
+them in the notebook, and ``Run.straggler()`` names the rank the others wait for.
+
+* **data**: inside the prepared DataLoader, from asking for a batch to getting it on the device.
+* **compute**: the prepared model's forward, ``Accelerator.backward`` and the prepared
+  optimizer's ``step``, minus the communication measured inside them.
+* **communication**: time blocked in collectives, beyond what overlapped with compute.
+
+  - DDP: a communication hook (torch's own ``allreduce_hook``, unchanged) notes when each
+    gradient bucket is ready. The all-reduces of the earlier buckets run while backward
+    computes the later ones; what backward spends after its *last* bucket was ready is the
+    waiting: for the slowest rank, and for the reduction itself.
+  - FSDP2 on CPU: the time inside its all-gathers and reduce-scatters (gloo blocks in them),
+    through FSDP2's ``set_custom_all_gather``/``set_custom_reduce_scatter`` with its own
+    default collectives inside (``strategies/fsdp.py``).
+  - nbaccel's own collectives: ``gather``, ``reduce``, ``pad_across_processes``,
+    ``wait_for_everyone``, ``check_trigger``, ``gather_for_metrics``.
+* **other** (``Run.breakdown``): the rest of the loop's wall time: its own Python, logging,
+  evaluation, checkpoints.
+
+What is not measured, and lands in compute instead:
+
+* DeepSpeed's collectives: they go through ``deepspeed.comm`` inside the engine, and the only
+  way in that DeepSpeed offers (its comms logger) synchronises the device after every
+  collective and keeps every latency it measured. Its forward, backward and step are compute.
+* FSDP2 on CUDA, and FSDP2's explicit prefetching (``async_op``): the collectives run on their
+  own streams or return a handle that FSDP waits on later, so the time around the call is not
+  the time blocked.
+* DDP with a communication hook of your own, registered before the first ``backward``: ours is
+  then left out (DDP takes one hook) and backward is compute. Register yours before that first
+  ``backward``: one registered later meets torch's "can only be called once".
+
+CUDA: host clocks time only the launching of asynchronous kernels. On a CUDA device the compute
+spans are CUDA events recorded on the current stream at their boundaries (and at each gradient
+bucket's readiness), read when they have completed (``Event.query()``) at the next record:
+never a synchronisation per step. Data and nbaccel's collectives keep host clocks (they block
+the host anyway). This path has not run on a GPU in nbaccel's tests.
+
+Off: ``NBACCEL_BREAKDOWN=0`` times nothing and registers no hook (``for_device`` returns None).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import stacks
+from .env import BREAKDOWN_VAR
+from .metrics import TIME_COMMUNICATION, TIME_COMPUTE, TIME_DATA, TIME_LOOP
+
+if TYPE_CHECKING:
+    import torch
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """On unless ``NBACCEL_BREAKDOWN=0``."""
+    environ = os.environ if environ is None else environ
+    return environ.get(BREAKDOWN_VAR, "1").strip() != "0"
+
+
+def for_device(device: torch.device) -> Breakdown | None:
+    """This rank's breakdown, on CUDA timed by events; None when switched off."""
+    if not enabled():
+        return None
+    return Breakdown(events=_Events() if device.type == "cuda" else None)
+
+
+class Breakdown:
+    """Cumulative seconds of one rank's loop: data, compute, communication, and the loop.
+
+    Compute spans (forward, backward, step) may nest (an optimizer's closure runs forward and
+    backward inside ``step``): the outermost one counts.
+
+    >>> b = Breakdown()
+    >>> with b:  # a compute span
+    ...     pass
+    >>> sorted(b.counters())
+    ['nbaccel/time/communication', 'nbaccel/time/compute', 'nbaccel/time/data', 'nbaccel/time/loop']
+    """
+
+    def __init__(
+        self, clock: Callable[[], float] = time.perf_counter, events: _Events | None = None
+    ) -> None:
+        self.clock = clock
+        self.data = 0.0
+        self.compute = 0.0  # the compute spans' whole length, communication inside included
+        self.communication = 0.0
+        self.start: float | None = None  # the loop's first timed moment
+        self._inside = 0.0  # communication measured inside compute spans
+        self._depth = 0  # compute spans open now
+        self._span = 0.0  # when the outermost one began
+        self._ready: float | None = None  # when this span's last gradient bucket was ready
+        self._events = events
+
+    def now(self) -> float:
+        """The clock, which starts the loop on its first reading."""
+        now = self.clock()
+        if self.start is None:
+            self.start = now
+        return now
+
+    # -- data ----------------------------------------------------------------------------------
+    def waited_for_data(self, since: float) -> None:
+        self.data += self.clock() - since
+
+    # -- compute: ``with breakdown:``, or the forward hooks --------------------------------------
+    def __enter__(self) -> Breakdown:
+        self._depth += 1
+        if self._depth == 1:
+            self._span = self.now()
+            self._ready = None
+            if self._events is not None:
+                self._events.begin()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
+        ready, self._ready = self._ready, None
+        if ready is not None:
+            stacks.waiting_in(None)  # backward has returned: the all-reduces are done
+        if self._events is not None:
+            self._events.end(self)
+            return
+        end = self.clock()
+        if ready is not None:  # the waiting after the last bucket was ready
+            self.communication += end - ready
+            self._inside += end - ready
+        self.compute += end - self._span
+
+    def before_forward(self, module: Any, args: Any) -> None:
+        self.__enter__()
+
+    def after_forward(self, module: Any, args: Any, output: Any) -> None:
+        self.__exit__()
+
+    def watch(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Time ``model``'s forward as compute (first of its pre-hooks, last of its hooks: a
+        sharded model's own gathering before and after counts inside)."""
+        model.register_forward_pre_hook(self.before_forward, prepend=True)
+        model.register_forward_hook(self.after_forward, always_call=True)
+        return model
+
+    # -- communication -------------------------------------------------------------------------
+    def bucket_ready(self) -> None:
+        """A DDP gradient bucket is ready and its all-reduce starts (the comm hook's note)."""
+        if not self._depth:
+            return  # a backward outside Accelerator.backward: nothing to split
+        stacks.waiting_in("DDP's gradient all_reduce")
+        self._ready = self.clock()
+        if self._events is not None:
+            self._events.ready()
+
+    def communicated(self, seconds: float) -> None:
+        """``seconds`` blocked in a collective (inside a compute span: taken out of it)."""
+        self.communication += seconds
+        if self._depth:
+            self._inside += seconds
+
+    def counters(self) -> dict[str, float]:
+        """The ``TIME_*`` counters now; nothing before the loop's first timed moment."""
+        if self.start is None:
+            return {}
+        if self._events is not None:
+            self._events.resolve(self)
+        return {
+            TIME_DATA: self.data,
+            TIME_COMPUTE: max(self.compute - self._inside, 0.0),
+            TIME_COMMUNICATION: self.communication,
+            TIME_LOOP: self.clock() - self.start,
+        }
+
+
+_NOTHING = contextlib.nullcontext()
+
+
+def computing(breakdown: Breakdown | None) -> contextlib.AbstractContextManager:
+    """A compute span of ``breakdown``; nothing at all when the breakdown is off."""
+    return _NOTHING if breakdown is None else breakdown
+
+
+@contextlib.contextmanager
+def communicating(breakdown: Breakdown | None, label: str) -> Iterator[None]:
+    """Around a blocking collective: the time counts as communication, and the stack reporter
+    (``stacks.waiting``) can name ``label`` if the rank hangs in it."""
+    stacks.waiting_in(label)
+    began = None if breakdown is None else breakdown.now()
+    try:
+        yield
+    finally:
+        stacks.waiting_in(None)
+        if breakdown is not None:
+            breakdown.communicated(breakdown.clock() - began)
+
+
+def timed_allreduce(state, bucket):  # unannotated: DDP refuses any but its own types
+    """DDP's communication hook: torch's own all-reduce of the bucket (``allreduce_hook``:
+    divide by the world size, then sum), after noting that the bucket is ready. ``state`` is
+    ``(breakdown, process_group)``.
+
+    With a power-of-two world size it gives DDP's own gradients bit for bit (DDP without a
+    hook multiplies by ``1/N`` where the hook divides by ``N``: the same for ``N = 2, 4, 8``,
+    possibly not in the last bit otherwise)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    breakdown, group = state
+    breakdown.bucket_ready()
+    return allreduce_hook(group, bucket)
+
+
+class _Events:
+    """Compute spans on a CUDA device, as events on the current stream, read once complete.
+
+    Each span records a start, its last bucket's readiness (if any) and an end; ``resolve``
+    adds up the spans whose end has completed, in order, without waiting for the others.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Any, Any, Any]] = []
+        self._start: Any = None
+        self._ready: Any = None
+
+    def _record(self) -> Any:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def begin(self) -> None:
+        self._start, self._ready = self._record(), None
+
+    def ready(self) -> None:
+        self._ready = self._record()
+
+    def end(self, breakdown: Breakdown) -> None:
+        self._pending.append((self._start, self._ready, self._record()))
+        if len(self._pending) > 64:  # between records: drop the events already read
+            self.resolve(breakdown)
+
+    def resolve(self, breakdown: Breakdown) -> None:
+        while self._pending and self._pending[0][2].query():
+            start, ready, end = self._pending.pop(0)
+            breakdown.compute += start.elapsed_time(end) / 1000  # milliseconds
+            if ready is not None:
+                waited = ready.elapsed_time(end) / 1000
+                breakdown.communication += waited
+                breakdown._inside += waited

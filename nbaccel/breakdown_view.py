@@ -1,0 +1,97 @@
+"""Where each rank's time goes, drawn: the live panel's stacked bars and the progress line's note.
+
+``Run.breakdown()`` splits every rank's training loop into data, compute, communication and
+other seconds; ``BreakdownBars`` draws them as one horizontal bar per rank, the four parts
+stacked, on an axes of the live panel. Like the panel's lines, the bars are made once (again
+only when a rank is heard for the first time) and then only moved and resized, so a redraw
+costs little beyond the render. ``straggler_note`` is what the progress line says about the
+rank the others wait for.
+
+The colours say the story at a glance: a rank slowed by its data has a long orange part, and
+the ranks waiting for it a long red one (communication).
+
+This module imports no torch; ``display`` imports it, never the reverse.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .metrics import BREAKDOWN
+
+if TYPE_CHECKING:
+    from .run import Run, Straggler
+
+COLOURS = {"data": "tab:orange", "compute": "tab:blue", "communication": "tab:red"}
+COLOURS["other"] = "darkgray"  # the loop's own Python: logging, evaluation, checkpoints
+
+
+def straggler_note(run: Run) -> str | None:
+    """``rank 1 is the straggler (data: others waited 3.2 s)``, or None when no rank stands
+    out: the progress line's last part."""
+    straggler = run.straggler()
+    if straggler is None:
+        return None
+    return (
+        f"rank {straggler.rank} is the straggler "
+        f"({straggler.cause}: others waited {straggler.waited:.1f} s)"
+    )
+
+
+class BreakdownBars:
+    """One stacked horizontal bar per rank on ``ax``, redrawn in place by ``update``."""
+
+    def __init__(self, ax) -> None:
+        self.ax = ax
+        self.ranks: tuple[int, ...] = ()
+        self.bars: dict[str, list[Any]] = {}  # part -> one Rectangle per rank, in rank order
+        ax.set_xlabel("where each rank's seconds go")
+        self._key()
+
+    def update(self, breakdown: dict[int, dict[str, float]], straggler: Straggler | None) -> None:
+        """Set each rank's bar to its parts' seconds (``Run.breakdown()``); the straggler's
+        label (``Run.straggler()``) turns bold, in the colour of what slows it."""
+        ranks = tuple(sorted(breakdown))
+        if ranks != self.ranks:
+            self._build(ranks)
+        longest = 0.0
+        for i, rank in enumerate(ranks):
+            left = 0.0
+            for part in BREAKDOWN:
+                seconds = max(breakdown[rank].get(part, 0.0), 0.0)
+                bar = self.bars[part][i]
+                bar.set_x(left)
+                bar.set_width(seconds)
+                left += seconds
+            longest = max(longest, left)
+        self.ax.set_xlim(0, longest * 1.04 or 1.0)
+        for rank, label in zip(ranks, self.ax.get_yticklabels(), strict=True):
+            if straggler is not None and rank == straggler.rank:
+                label.set(color=COLOURS[straggler.cause], fontweight="bold")
+            else:
+                label.set(color="black", fontweight="normal")
+
+    def _key(self) -> None:
+        """The parts' names in their colours, one after the other above the bars: what a
+        legend shows, for a third of a legend's drawing time (paid at every panel)."""
+        style = {"fontsize": 9, "fontweight": "bold", "va": "bottom"}
+        first = BREAKDOWN[0]
+        word = self.ax.text(0, 1.03, first, transform=self.ax.transAxes, color=COLOURS[first])
+        word.set(**style)
+        for part in BREAKDOWN[1:]:  # each placed after the one before it ends
+            word = self.ax.annotate(
+                part, (1, 0), xycoords=word, xytext=(6, 0), textcoords="offset points", **style
+            )
+            word.set_color(COLOURS[part])
+
+    def _build(self, ranks: tuple[int, ...]) -> None:
+        """Bars for a new set of ranks (the first update, or a rank heard late)."""
+        for container in list(self.ax.containers):
+            container.remove()
+        y = range(len(ranks))
+        for part in BREAKDOWN:
+            container = self.ax.barh(y, [0.0] * len(ranks), color=COLOURS[part], label=part)
+            self.bars[part] = list(container.patches)
+        self.ax.set_yticks(y, [f"rank {r}" for r in ranks])
+        self.ax.set_ylim(len(ranks) - 0.5, -0.5)  # rank 0 on top, as the legends list them
+        self.ranks = ranks
