@@ -53,6 +53,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/launch.py
 	$(BIN)/python benchmarks/live.py
+	$(BIN)/python benchmarks/breakdown.py
+	$(BIN)/python benchmarks/interrupt.py
 	$(BIN)/python benchmarks/sharding.py
 	$(BIN)/python benchmarks/collectives.py
 	$(BIN)/python benchmarks/structure.py --json benchmarks/results/structure.json

@@ -6,6 +6,11 @@ of a display) or draws nothing. Throughput is the workers' own samples/s, betwee
 and last counter record, summed over ranks. Each round runs a short and a longer launch, each
 on and off, the order alternating; the result is the median of the per-round ratios on/off.
 
+The workers time their loops (the breakdown is on by default), so the panel drawn "on" has the
+per-rank breakdown view. Its own cost, the panel's budget: after each round, the longer
+launch's records are drawn again in this process, a panel with the breakdown view against the
+same records without the loop's counters (the two-axes panel), the order alternating.
+
     python benchmarks/live.py [--rounds 9] [--steps 1500 4500] \
         [--out benchmarks/results/live-cpu.json]
 """
@@ -24,6 +29,7 @@ from pathlib import Path
 import torch
 
 from nbaccel import LiveView, Run, notebook_launcher
+from nbaccel.display import Panel
 from nbaccel.scaling import Scaling
 
 
@@ -75,11 +81,31 @@ def train(steps: int) -> None:
     accelerator.end_training()
 
 
-def throughput(live: bool, steps: int) -> tuple[float, int]:
+def throughput(live: bool, steps: int) -> tuple[float, int, Run]:
     run, sink = Run(), PanelSink()
     view = LiveView(sink) if live else False
     notebook_launcher(train, args=(steps,), num_processes=2, cpu=True, run=run, live=view)
-    return Scaling({2: run}).throughput(2), sink.images
+    return Scaling({2: run}).throughput(2), sink.images, run
+
+
+def panel_seconds(run: Run, repeats: int = 5) -> dict[str, float]:
+    """Median seconds to update and render one panel from ``run``'s records, with the breakdown
+    view and without it (the same records less the loop's counters), alternating."""
+    untimed = Run(world_size=run.world_size, started=run.started, finished=run.finished)
+    untimed.add([r for r in run.records if not r.name.startswith("nbaccel/time/")])
+    panels = {"with": (Panel(), run), "without": (Panel(), untimed)}
+    if not run.breakdown():
+        raise SystemExit("the workers recorded no breakdown: is NBACCEL_BREAKDOWN=0 set?")
+    seconds: dict[str, list[float]] = {kind: [] for kind in panels}
+    for i in range(repeats + 1):
+        for kind in sorted(panels, reverse=i % 2 == 1):
+            panel, records = panels[kind]
+            start = time.perf_counter()
+            panel.png(records)
+            if i:  # the first draw of each builds its axes: not what a redraw costs
+                seconds[kind].append(time.perf_counter() - start)
+    assert panels["with"][0].breakdown is not None and panels["without"][0].breakdown is None
+    return {kind: statistics.median(got) for kind, got in seconds.items()}
 
 
 def main() -> None:
@@ -93,6 +119,7 @@ def main() -> None:
     throughput(False, 50)  # warm up: the fork server, imports ...
     throughput(True, 50)  # ... and matplotlib in this process
     lengths = {steps: {"on": [], "off": [], "ratios": [], "panels": []} for steps in args.steps}
+    cost: dict[str, list[float]] = {"with": [], "without": []}  # seconds per panel
     for i in range(args.rounds):
         for steps, got in lengths.items():  # every length in every round, order alternating
             order = (True, False) if i % 2 == 0 else (False, True)
@@ -106,6 +133,10 @@ def main() -> None:
                 f"ratio {got['ratios'][-1]:.3f}, {got['panels'][-1]} panels",
                 flush=True,
             )
+        drawn = panel_seconds(pair[True][2])  # the longest launch of the round, as drawn live
+        for kind, seconds in drawn.items():
+            cost[kind].append(seconds)
+        print(f"round {i}: a panel takes {_ms(drawn)}", flush=True)
     result = {
         "machine": {
             "cpu": _cpu_model(),
@@ -130,6 +161,13 @@ def main() -> None:
             }
             for steps, got in lengths.items()
         },
+        "panel_seconds": {
+            "records": len(pair[True][2].records),
+            "with_breakdown_median": statistics.median(cost["with"]),
+            "without_breakdown_median": statistics.median(cost["without"]),
+            "with_breakdown": cost["with"],
+            "without_breakdown": cost["without"],
+        },
     }
     out = Path(args.out)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -152,6 +190,8 @@ def markdown(result: dict) -> str:
         f"{steps} steps: " + ", ".join(f"{x:.3f}" for x in r["ratios"])
         for steps, r in result["lengths"].items()
     )
+    p = result["panel_seconds"]
+    with_s, without_s = p["with_breakdown_median"], p["without_breakdown_median"]
     return f"""# Live view on versus off: training throughput (CPU)
 
 CPU: {m["cpu"]}, {m["cores"]} cores; Python {m["python"]}; torch {m["torch"]}; {m["date"]};
@@ -171,8 +211,28 @@ three panels come once a second whatever they cost, so that a short run is seen 
 them drawing is held to 1% of a core. Those three are a fixed cost, a larger share of a short
 run than of a long one.
 Per-round ratios: {per_round}.
+
+## The panel's own cost, with the breakdown view
+
+The workers time their loops (on by default), so "on" draws the panel with each rank's
+breakdown. Drawn again in this process from the longest launch's {p["records"]:,} records, one
+panel (update and render) takes **{1000 * with_s:.0f} ms** with the breakdown view and
+**{1000 * without_s:.0f} ms** without it (the same records less the loop's counters: the
+two-axes panel), medians over the rounds, ratio {with_s / without_s:.2f}. The throttle does not
+change: at most one panel a second, and after the first three at most 1% of a core, so a
+dearer panel is drawn less often rather than costing the training more.
+Per round, ms with / without: {
+        ", ".join(
+            f"{1000 * a:.0f}/{1000 * b:.0f}"
+            for a, b in zip(p["with_breakdown"], p["without_breakdown"], strict=True)
+        )
+    }.
 CPU figures only; no GPU was available to this run.
 """
+
+
+def _ms(seconds: dict[str, float]) -> str:
+    return ", ".join(f"{1000 * s:.0f} ms {kind} the breakdown" for kind, s in seconds.items())
 
 
 def _cpu_model() -> str:

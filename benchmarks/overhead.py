@@ -14,6 +14,10 @@ of both. Wall time (``perf_counter``) is the measure; the ratio of process CPU t
 beside it, as it ignores the time other programs held the CPU. "raw again", a second copy of
 the raw loop, shows how far from 1 a ratio strays with no difference in the code at all.
 
+The time breakdown (``nbaccel.breakdown``, on by default) is measured as a pair: "nbaccel" with
+it and "nbaccel, no breakdown" (``NBACCEL_BREAKDOWN=0``), and the paired ratio of the two in
+each round is the breakdown's cost (reported below the table).
+
     python benchmarks/overhead.py [--rounds 25] [--steps N] [--threads 1] [--out FILE.json]
 """
 
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import nbaccel
+from nbaccel.env import BREAKDOWN_VAR
 
 MODES = {"plain": (1, "no"), "accumulation 4": (4, "no"), "bf16": (1, "bf16")}  # accum, precision
 WIDTH, BATCH, LR = 512, 64, 1e-3
@@ -91,6 +96,19 @@ def accelerator_epoch(accelerator, model, optimizer, loader):
 def nbaccel_loop(steps: int, accum: int, precision: str):
     accelerator = nbaccel.Accelerator(precision, gradient_accumulation_steps=accum, cpu=True)
     return accelerator_epoch(accelerator, *accelerator.prepare(*make_parts(steps)))
+
+
+def nbaccel_without_breakdown(steps: int, accum: int, precision: str):
+    """nbaccel with its time breakdown switched off, as ``NBACCEL_BREAKDOWN=0`` does."""
+    saved = os.environ.get(BREAKDOWN_VAR)
+    os.environ[BREAKDOWN_VAR] = "0"  # read once, when the Accelerator is made
+    try:
+        return nbaccel_loop(steps, accum, precision)
+    finally:
+        if saved is None:
+            os.environ.pop(BREAKDOWN_VAR)
+        else:
+            os.environ[BREAKDOWN_VAR] = saved
 
 
 def accelerate_loop(steps: int, accum: int, precision: str):
@@ -167,7 +185,12 @@ def run_mode(mode: str, variants: dict, rounds: int, steps: int | None) -> dict:
             "last_loss": round(loss[name], 4),  # equal across variants: the same math
             "per_round_steps_per_s": [round(x, 1) for x in wall[name]],
         }
-    return {"steps_per_trial": steps, "variants": results}
+    pair = "nbaccel", "nbaccel, no breakdown"
+    out = {"steps_per_trial": steps, "variants": results}
+    if all(name in variants for name in pair):  # the breakdown's cost: on over off, paired
+        on, off = wall[pair[0]], wall[pair[1]]
+        out["breakdown_on_over_off"] = stat([a / b for a, b in zip(on, off, strict=True)], 4)
+    return out
 
 
 def revision() -> str:
@@ -221,6 +244,13 @@ def to_markdown(report: dict) -> str:
                 f"| {mode} (N={result['steps_per_trial']}) | {name} | {cell(r['steps_per_s'], 1)}"
                 f" | {cell(r['ratio'], 3)} | {cell(r['cpu_time_ratio'], 3)} |"
             )
+    costs = [
+        f"{mode} {cell(result['breakdown_on_over_off'], 4)}"
+        for mode, result in report["modes"].items()
+        if "breakdown_on_over_off" in result
+    ]
+    if costs:
+        lines += ["", "Time breakdown, steps/s with it over without (paired): " + "; ".join(costs)]
     return "\n".join(lines) + "\n"
 
 
@@ -237,7 +267,12 @@ def main() -> None:
         parser.error("--steps must be a multiple of 4, so every accumulation window is full")
     torch.set_num_threads(args.threads)
     # "raw again" is a second, identical raw loop: how far its ratio strays from 1 is the noise.
-    variants = {"raw": raw, "raw again": raw, "nbaccel": nbaccel_loop}
+    variants = {
+        "raw": raw,
+        "raw again": raw,
+        "nbaccel": nbaccel_loop,
+        "nbaccel, no breakdown": nbaccel_without_breakdown,
+    }
     for name, module, loop in [("accelerate", "accelerate", accelerate_loop),
                                ("fabric", "lightning.fabric", fabric_loop)]:  # fmt: skip
         try:
