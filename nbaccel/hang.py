@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
+from .launch_config import check_seconds
 from .metrics import STEPS
 from .run import Run
 from .stacks import COLLECT_SECONDS, Frame, RankStack, collect, socket_path
@@ -275,18 +276,7 @@ def _own(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
 # -- a launch that stopped making progress -------------------------------------------------------
 def check_stall_warning(seconds: object) -> float | None:
     """``notebook_launcher(stall_warning=...)``: a positive number of seconds, or None."""
-    if seconds is None:
-        return None
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        raise TypeError(
-            f"stall_warning={seconds!r} must be a number of seconds, e.g. 60, or None (never warn)"
-        )
-    if not (seconds > 0 and math.isfinite(seconds)):
-        raise ValueError(
-            f"stall_warning={seconds} must be a positive, finite number of seconds, e.g. 60 "
-            "(the default), or None to never warn"
-        )
-    return float(seconds)
+    return check_seconds("stall_warning", seconds, "60", none="never warn")
 
 
 class Stall:

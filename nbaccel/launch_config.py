@@ -13,6 +13,7 @@ The workers get the launch through their environment (``to_environ``) and read i
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass
@@ -232,6 +233,22 @@ class LaunchConfig:
 
 
 # -- the checks, each written once ---------------------------------------------------------------
+def check_seconds(name: str, value: object, example: str, none: str | None = None) -> float | None:
+    """A launch's length of time: a positive, finite number of seconds (``example`` is the
+    default), or ``None`` where ``none`` says what None means."""
+    if value is None and none is not None:
+        return None
+    also = f", or None to {none}" if none is not None else ""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name}={value!r} must be a number of seconds, e.g. {example}{also}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(
+            f"{name}={value} must be a positive, finite number of seconds, e.g. {example} (the "
+            f"default){also}"
+        )
+    return float(value)
+
+
 def check_count(name: str, value: object, say: Spelling = KEYWORDS) -> None:
     """A number of processes or nodes: an int, at least 1."""
     if isinstance(value, bool) or not isinstance(value, int):

@@ -41,7 +41,6 @@ checkpoint instead of starting over.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
@@ -55,7 +54,7 @@ from .display import LiveView
 from .env import device_label
 from .errors import LaunchError, NbaccelError, RankFailure
 from .hang import check_stall_warning
-from .launch_config import LaunchConfig
+from .launch_config import LaunchConfig, check_seconds
 from .metrics import local_run
 from .protocol import pack_call
 from .rendezvous import loopback_interface, rendezvous
@@ -296,15 +295,7 @@ def _check_notebook_launch(
             f"{max_restarts} --num-nodes {num_nodes} ...`, whose torchrun agents restart the "
             "whole job, or keep max_restarts=0 here."
         )
-    if isinstance(monitor_interval, bool) or not isinstance(monitor_interval, int | float):
-        raise TypeError(
-            f"monitor_interval={monitor_interval!r} must be a number of seconds, e.g. 0.1"
-        )
-    if not (monitor_interval > 0 and math.isfinite(monitor_interval)):
-        raise ValueError(
-            f"monitor_interval={monitor_interval} must be a positive, finite number of "
-            "seconds, e.g. 0.1 (the default)"
-        )
+    check_seconds("monitor_interval", monitor_interval, "0.1")
     if not isinstance(rdzv_backend, str):
         raise TypeError(f'rdzv_backend={rdzv_backend!r} must be a string: use "static"')
     if rdzv_backend != "static":

@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 
 from .env import STACKS_VAR
@@ -101,16 +102,9 @@ def snapshot(rank: int, skip: int | None = None) -> RankStack:
     for ident, frame in sys._current_frames().items():
         if ident == skip:
             continue
-        frames = []
-        while frame is not None:
-            frames.append(
-                Frame(frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name)
-            )
-            frame = frame.f_back
-        frames.reverse()
-        threads.append(
-            ThreadStack(names.get(ident, f"thread {ident}"), ident == main, tuple(frames))
-        )
+        summary = traceback.StackSummary.extract(traceback.walk_stack(frame), lookup_lines=False)
+        frames = tuple(Frame(f.filename, f.lineno or 0, f.name) for f in reversed(summary))
+        threads.append(ThreadStack(names.get(ident, f"thread {ident}"), ident == main, frames))
     threads.sort(key=lambda t: not t.main)  # the main thread first
     return RankStack(rank, os.getpid(), tuple(threads), waiting)
 

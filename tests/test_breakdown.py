@@ -164,11 +164,12 @@ def train(data_rank=None, data_delay=0.0, compute_rank=None, compute_delay=0.0, 
     return (weights, counter.calls) if count else weights
 
 
-def launched(**kwargs) -> tuple[Run, list]:
+def launched(fsdp: bool = False, **kwargs) -> tuple[Run, list]:
     run = Run()
     weights = notebook_launcher(
-        train, kwargs=kwargs, num_processes=2, cpu=True, return_all=True, run=run, timeout=HANG
-    )
+        train, kwargs=kwargs, num_processes=2, cpu=True, return_all=True, run=run, timeout=HANG,
+        fsdp=fsdp,
+    )  # fmt: skip
     return run, weights
 
 
@@ -248,3 +249,15 @@ def test_a_comm_hook_of_the_users_own_is_timed_too():
     parts = run.breakdown()
     assert parts[0]["communication"] >= 0.5 * 16 * 4 * delay
     assert run.straggler() is not None and run.straggler().rank == 1
+
+
+@pytest.mark.multiprocess
+def test_fsdp2s_collectives_on_cpu_count_as_communication():
+    """FSDP2 all-gathers the parameters in forward and reduce-scatters the gradients in
+    backward: waiting there for a rank slow in its data is communication, as DDP's is."""
+    delay = 0.02
+    run, _ = launched(fsdp=True, data_rank=1, data_delay=delay)
+    parts = run.breakdown()
+    assert parts[1]["data"] >= 16 * 4 * delay
+    assert parts[0]["communication"] >= 0.5 * 16 * 4 * delay
+    check_adds_up(run)
