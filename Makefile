@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 # Reinstall whenever the pins or the declared dependencies change.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet -c constraints.txt -e '.[notebook,test,dev,deepspeed,browser]'
+	$(PIP) install --quiet -c constraints.txt -e '.[notebook,test,dev,deepspeed,browser,trackers]'
 	$(BIN)/python -m nbaccel.zero --build-ops
 	touch $(STAMP)
 

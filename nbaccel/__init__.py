@@ -31,6 +31,9 @@ _EXPORTS = {
     "Tracker": "tracker",
     "FSDPPlugin": "sharding",
     "DeepSpeedPlugin": "zero",
+    "ProjectConfiguration": "project",
+    "GeneralTracker": "tracking",
+    "LoggerType": "tracking",
 }
 __all__ = [
     "Accelerator",
@@ -39,11 +42,14 @@ __all__ = [
     "DeepSpeedPlugin",
     "DistributedType",
     "FSDPPlugin",
+    "GeneralTracker",
     "GradientAccumulationPlugin",
     "LaunchError",
     "LiveView",
+    "LoggerType",
     "NbaccelError",
     "PartialState",
+    "ProjectConfiguration",
     "Run",
     "Tracker",
     "measure_scaling",
@@ -59,11 +65,13 @@ if TYPE_CHECKING:
     from .errors import CheckpointError, LaunchError, NbaccelError
     from .launcher import notebook_launcher
     from .optim import GradientAccumulationPlugin
+    from .project import ProjectConfiguration
     from .run import Run
     from .scaling import measure_scaling
     from .sharding import FSDPPlugin
     from .state import DistributedType, PartialState
     from .tracker import Tracker
+    from .tracking import GeneralTracker, LoggerType
     from .utils import send_to_device, set_seed
     from .zero import DeepSpeedPlugin
 

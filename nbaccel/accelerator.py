@@ -25,18 +25,22 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
-from . import breakdown, checkpoint, collectives
+from . import breakdown, collectives
 from .accumulation import AccumulationWindow, GradientAccumulationPlugin, accumulation_plugin
-from .data import DataLoaderConfiguration, LoopState, PreparedDataLoader, prepare_dataloader
+from .data import DataLoaderConfiguration, prepare_dataloader
 from .env import DistEnv
 from .join import join_uneven
 from .launch_config import LaunchConfig
+from .loader import LoopState, PreparedDataLoader
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .precision import MixedPrecision, check_mode
+from .project import ProjectConfiguration
+from .saving import Checkpointing
 from .sharding import FSDPPlugin
 from .state import DistributedType, PartialState
 from .strategies import choose
 from .tracker import Tracker
+from .tracking import Trackers
 from .utils import set_seed  # noqa: F401  (its old home; nbaccel.set_seed is the same)
 from .zero import DeepSpeedPlugin  # DeepSpeed itself loads on demand
 
@@ -45,7 +49,7 @@ if TYPE_CHECKING:
     from .run import Run
 
 
-class Accelerator(PartialState):
+class Accelerator(Checkpointing, PartialState):
     """Device placement, DDP, mixed precision and gradient accumulation for a training loop.
 
     >>> accelerator = Accelerator(mixed_precision="no", gradient_accumulation_steps=2)
@@ -69,6 +73,11 @@ class Accelerator(PartialState):
         deepspeed_plugin: train through a DeepSpeed engine with ZeRO sharding
             (``nbaccel.zero``). A launch with ``zero_stage=N`` (``nbaccel launch --deepspeed
             --zero-stage N``) makes ``DeepSpeedPlugin(zero_stage=N)`` the default.
+        log_with: experiment trackers (``"tensorboard"``, ``"mlflow"``, ``"wandb"``, ``"all"``,
+            a list, or ``GeneralTracker`` objects: ``nbaccel.tracking``), started by
+            ``init_trackers``; ``log`` writes to them on the main process.
+        project_dir, project_config: the run's folder, for the trackers' files and for
+            checkpoints that name themselves (``nbaccel.project.ProjectConfiguration``).
     """
 
     def __init__(
@@ -82,6 +91,9 @@ class Accelerator(PartialState):
         dataloader_config: DataLoaderConfiguration | None = None,
         step_scheduler_with_optimizer: bool = True,
         gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        log_with: Any = None,
+        project_dir: str | os.PathLike | None = None,
+        project_config: ProjectConfiguration | None = None,
     ) -> None:
         launch = LaunchConfig.from_environ()  # what notebook_launcher / nbaccel launch chose
         precision_given = mixed_precision is not None or launch.mixed_precision is not None
@@ -94,6 +106,12 @@ class Accelerator(PartialState):
             raise TypeError(f"{step_scheduler_with_optimizer=} must be True or False")
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.gradient_accumulation_plugin = plugin
+        self.project_configuration = project_config or ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.set_directories(project_dir)
+        self._registered: list[Any] = []  # register_for_checkpointing's objects
+        self._steps_before = 0  # optimizer steps of the run this one resumed
+        self._trackers = Trackers(log_with, self.project_configuration.logging_dir)
         plugins, chosen, kind = choose(  # refused before joining the process group
             {"fsdp_plugin": fsdp_plugin, "deepspeed_plugin": deepspeed_plugin},
             launch,
@@ -289,14 +307,40 @@ class Accelerator(PartialState):
         with breakdown.communicating(self._breakdown, "gather_for_metrics"):
             return collectives.gather_for_metrics(input_data, self._loop, use_gather_object)
 
-    # -- the live view ---------------------------------------------------------------------------
-    def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
-        """Send numbers (floats, ints, 0-d tensors) to the live view, on every rank.
+    # -- the live view and the experiment trackers ---------------------------------------------
+    def log(
+        self, values: Mapping[str, Any], step: int | None = None, log_kwargs: dict | None = None
+    ) -> None:
+        """Send numbers (floats, ints, 0-d tensors) to the live view, on every rank, and
+        ``values`` to the trackers ``init_trackers`` started (strings too: TensorBoard text).
 
-        ``step`` defaults to the number of earlier ``log`` calls on this rank, which lines the
-        ranks up. Never blocks training: values wait in a bounded buffer (drops are counted).
+        ``step`` defaults, in the live view, to the number of earlier ``log`` calls on this
+        rank; in the trackers, to the optimizer steps taken (counted on across ``load_state``).
+        ``log_kwargs``: per tracker, ``{"wandb": {...}}``. Never blocks training.
         """
-        self.tracker.log(values, step)
+        live = values
+        if self._trackers.chosen:  # text and dicts are the trackers' alone, on every rank
+            live = {k: v for k, v in values.items() if not isinstance(v, str | Mapping)}
+        self.tracker.log(live, step)
+        steps = self._steps_before + self.tracker.optimizer_steps
+        self._trackers.log(values, steps if step is None else step, log_kwargs)
+
+    def init_trackers(
+        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
+    ) -> None:
+        """Start the ``log_with`` trackers for a run named ``project_name`` (on the main
+        process), recording ``config``, the hyperparameters; ``init_kwargs`` go to each
+        library, e.g. ``{"wandb": {"entity": "me"}}``. Every rank may call it."""
+        self._trackers.start(project_name, config, init_kwargs, self.is_main_process)
+
+    @property
+    def trackers(self) -> list:
+        return list(self._trackers.started)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker ``name`` (``unwrap``: the library's own object: the
+        SummaryWriter, the MlflowClient, the wandb run); on other ranks one that does nothing."""
+        return self._trackers.get(name, unwrap)
 
     @property
     def total_steps(self) -> int | None:
@@ -319,62 +363,11 @@ class Accelerator(PartialState):
         """
         return self.strategy.unwrap(model, keep_autocast=keep_fp32_wrapper)
 
-    def save(self, obj: Any, path: str | os.PathLike) -> None:
-        """``torch.save`` on the main process only, atomically (temporary file, then rename).
-
-        Sharded tensors (FSDP) and a DeepSpeed model's state dict (recognised by its keys) are
-        gathered whole first, so every rank must call it then, as
-        ``accelerator.save(accelerator.unwrap_model(model).state_dict(), path)`` is.
-        """
-        obj = self.strategy.for_save(obj)
-        if self.is_main_process:
-            checkpoint.atomic_save(obj, path)
-
-    def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """The model's full state dict, unsharded and without wrapper prefixes, on every rank
-        (every rank must call it): it loads into the plain model."""
-        return self.strategy.state_dict(model)
-
-    def save_state(self, output_dir: str | os.PathLike | None = None) -> None:
-        """Checkpoint models, optimizers, schedulers, scaler, RNG states and ``step``.
-
-        Every rank must call it. The directory is replaced whole, or not at all.
-        """
-        self.strategy.save_state(
-            checkpoint.folder(output_dir, "save_state"),
-            *self._checkpointed(),
-            scaler=self.scaler,
-            rank=self.rank,
-            step=self.step,
-            world_size=self.num_processes,
-            barrier=self.wait_for_everyone,
-        )
-
-    def load_state(self, input_dir: str | os.PathLike | None = None) -> None:
-        """Restore what ``save_state`` wrote, after preparing the same objects in the same order.
-
-        Raises ``CheckpointError`` (a ``ValueError``) for a missing, partial or corrupt
-        checkpoint, before any object is changed. Files load with ``weights_only=True``.
-        """
-        folder = checkpoint.folder(input_dir, "load_state")
-        models, optimizers, schedulers = self._checkpointed()
-        state = self.strategy.load_state(
-            folder, models, optimizers, schedulers, scaler=self.scaler, rank=self.rank
-        )
-        self.step = checkpoint.restore(state, schedulers, self.scaler, self.rank)
-
-    def _checkpointed(self) -> tuple[list, list, list]:
-        """The user's models, optimizers and schedulers, as a checkpoint holds them."""
-        return (
-            [self.unwrap_model(m) for m in self._models],
-            [o.optimizer for o in self._optimizers],
-            [s.scheduler for s in self._schedulers],
-        )
-
     def end_training(self) -> None:
-        """Send the last metrics, draw the final view, and destroy the process group this
-        Accelerator created (safe to call twice)."""
+        """Send the last metrics, draw the final view, finish the trackers, and destroy the
+        process group this Accelerator created (safe to call twice)."""
         self.tracker.close()
+        self._trackers.finish()
         self.destroy_process_group()
 
     def destroy_process_group(self) -> None:

@@ -12,6 +12,9 @@ A checkpoint written by ``save_state`` is a directory::
     scheduler_0.pt ...          learning-rate schedulers
     scaler.pt                   the fp16 GradScaler, when there is one
     rng_0.pt, rng_1.pt ...      each rank's random generators (python, numpy, torch, cuda)
+    dataloaders_0.pt ...        each rank's prepared DataLoaders: epoch, and for a pass in
+                                progress its batches so far and the RNG it began with
+    custom_checkpoint_0.pt ...  the objects given to ``register_for_checkpointing``
     deepspeed/                  under DeepSpeed, the engine's own (sharded) checkpoint, in
                                 place of model_*.pt and optimizer_*.pt
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import random
 import shutil
 import tempfile
@@ -39,7 +43,7 @@ from .errors import CheckpointError
 logger = logging.getLogger(__name__)
 
 MANIFEST = "nbaccel_state.json"
-FORMAT = 1
+FORMAT = 2  # 2 added dataloaders_<rank>.pt and custom_checkpoint_<i>.pt
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
@@ -85,19 +89,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
 
 
-def folder(path: str | os.PathLike | None, method: str) -> str | os.PathLike:
-    """The checkpoint folder ``save_state``/``load_state`` were given; there is no default."""
-    if path is None:  # Accelerate's default needs a ProjectConfiguration, not here yet
-        raise ValueError(
-            f"{method}() needs a folder here, e.g. accelerator.{method}('checkpoints/epoch_3'): "
-            "nbaccel does not name checkpoints automatically (Accelerate's project_config)."
-        )
-    return path
-
-
-def restore(state: dict[str, Any], schedulers: Sequence[Any], scaler: Any, rank: int) -> int:
-    """Load what ``read_state`` read into the schedulers, the scaler and this rank's RNGs;
-    return the accumulation ``step`` it saved."""
+def restore(
+    state: dict[str, Any],
+    schedulers: Sequence[Any],
+    scaler: Any,
+    rank: int,
+    custom: Sequence[Any] = (),
+    loaders: Sequence[Any] = (),
+) -> int:
+    """Load what ``read_state`` read into the schedulers, the scaler, the registered objects,
+    this rank's DataLoaders and RNGs; return the accumulation ``step`` it saved."""
+    for i, obj in enumerate(custom):
+        obj.load_state_dict(state[f"custom_checkpoint_{i}.pt"])
+    for loader, loader_state in zip(loaders, state.get(f"dataloaders_{rank}.pt", ()), strict=False):
+        loader.load_state_dict(loader_state)
     for i, scheduler in enumerate(schedulers):
         scheduler.load_state_dict(state[f"scheduler_{i}.pt"])
     if scaler is not None:
@@ -123,8 +128,13 @@ def save_state(
     world_size: int,
     barrier: Callable[[], None],
     engine: Callable[[Path], None] | None = None,
+    custom: Sequence[Any] = (),
+    loaders: Sequence[Any] = (),
+    counters: dict[str, int] | None = None,
 ) -> Path:
-    """Write a checkpoint directory; every rank must call it (each saves its RNG state).
+    """Write a checkpoint directory; every rank must call it (each saves its RNG state and its
+    ``loaders``' states; rank 0 the rest). ``custom``: objects with ``state_dict``;
+    ``counters``: numbers kept in the manifest (the optimizer steps taken).
 
     ``engine``, when given, is called on every rank with the staging directory to write a
     training engine's own checkpoint (DeepSpeed's, in ``deepspeed/``) beside nbaccel's files.
@@ -140,6 +150,7 @@ def save_state(
         staging.mkdir()
     barrier()
     atomic_save(rng_state(), staging / f"rng_{rank}.pt")
+    atomic_save([loader.state_dict() for loader in loaders], staging / f"dataloaders_{rank}.pt")
     if engine is not None:
         engine(staging)
     if rank == 0:
@@ -151,6 +162,8 @@ def save_state(
             atomic_save(scheduler.state_dict(), staging / f"scheduler_{i}.pt")
         if scaler is not None:
             atomic_save(scaler.state_dict(), staging / "scaler.pt")
+        for i, obj in enumerate(custom):
+            atomic_save(obj.state_dict(), staging / f"custom_checkpoint_{i}.pt")
     barrier()  # every rank's RNG file is in place
     if rank == 0:
         manifest = {
@@ -162,6 +175,9 @@ def save_state(
             "schedulers": len(schedulers),
             "scaler": scaler is not None,
             "engine": "deepspeed" if engine is not None else None,
+            "custom": len(custom),
+            "dataloaders": len(loaders),
+            **(counters or {}),
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
         _swap_in(staging, final)
@@ -187,6 +203,8 @@ def read_state(
     scaler: torch.amp.GradScaler | None,
     rank: int,
     engine: tuple[str, int] | None = None,
+    custom: Sequence[Any] = (),
+    loaders: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """Read and check a whole checkpoint; raise ``CheckpointError`` before anything is applied.
 
@@ -228,7 +246,23 @@ def read_state(
             )
         if not (folder / tag).is_dir():
             raise CheckpointError(f"{folder} is incomplete: the folder {tag}/ is missing.")
-    _check_counts(folder, manifest, models=models, optimizers=optimizers, schedulers=schedulers)
+    objects = {"models": models, "optimizers": optimizers, "schedulers": schedulers}
+    if manifest.get("format", 1) >= 2:  # format 1 had no loaders and no registered objects
+        objects.update(custom=custom)
+        if manifest["dataloaders"] != len(loaders):  # evaluating a checkpoint needs none
+            logger.warning(
+                "%s holds %d DataLoaders' places and %d were prepared: those in both are "
+                "restored in order, and a resumed epoch may read other batches",
+                folder,
+                manifest["dataloaders"],
+                len(loaders),
+            )
+    elif custom:
+        raise CheckpointError(
+            f"{folder} was written before register_for_checkpointing existed and holds none of "
+            f"the {len(custom)} registered objects."
+        )
+    _check_counts(folder, manifest, **objects)
     if manifest["scaler"] != (scaler is not None):
         saved = "with" if manifest["scaler"] else "without"
         raise CheckpointError(
@@ -240,8 +274,10 @@ def read_state(
     names += [f"optimizer_{i}.pt" for i in range(len(optimizers))]
     names += [f"scheduler_{i}.pt" for i in range(len(schedulers))]
     names += ["scaler.pt"] if scaler is not None else []
+    names += [f"custom_checkpoint_{i}.pt" for i in range(len(custom))]
     if rank < manifest["world_size"]:
         names.append(f"rng_{rank}.pt")
+        names += [f"dataloaders_{rank}.pt"] if manifest.get("format", 1) >= 2 else []
     else:
         logger.warning(
             "%s was saved by %d processes; rank %d keeps its own RNG state",
@@ -270,6 +306,14 @@ def _check_counts(folder: Path, manifest: dict, **objects: Sequence[Any]) -> Non
 def _load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights only" not in str(err).lower():
+            raise CheckpointError(f"{path} is corrupt and cannot be loaded: {err}") from err
+        raise CheckpointError(
+            f"{path} holds an object that loading with weights_only=True refuses (no code runs "
+            "from a checkpoint): keep state_dict() to tensors, numbers, strings, lists and "
+            f"dicts. torch said: {str(err).splitlines()[0]}"
+        ) from err
     except Exception as err:
         raise CheckpointError(
             f"{path} is corrupt or truncated and cannot be loaded: {err}"

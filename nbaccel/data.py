@@ -39,20 +39,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from . import collectives
+from .loader import LoopState, PreparedDataLoader, SkippedDataLoader, with_batch_sampler
 from .samplers import SeedableRandomSampler, ShardedBatchSampler, check_split, fixed_batch_size
 from .tensors import has_tensor, map_tensors, send_to_device, to_cpu
 
 if TYPE_CHECKING:
-    from .breakdown import Breakdown
     from .env import DistEnv
     from .tracker import Tracker
 
@@ -62,38 +62,13 @@ __all__ = [  # the tensor helpers and samplers live in their own modules; import
     "PreparedDataLoader",
     "SeedableRandomSampler",
     "ShardedBatchSampler",
+    "SkippedDataLoader",
     "has_tensor",
     "map_tensors",
     "send_to_device",
     "shard_dataloader",
     "to_cpu",
 ]
-
-
-@dataclass(eq=False)  # compared by identity: two passes may hold equal values
-class _Pass:
-    remainder: int | None
-    end: bool = False
-
-
-@dataclass
-class LoopState:
-    """Which prepared loader is being iterated, and whether this is its last batch.
-
-    ``accumulate`` reads it to sync gradients at the end of the data, and ``gather_for_metrics``
-    to drop the repeats that topped up the last step. One per Accelerator: no global state.
-    """
-
-    active: list[_Pass] = field(default_factory=list)  # a stack: eval loop inside a train loop
-
-    @property
-    def end_of_dataloader(self) -> bool:
-        return bool(self.active) and self.active[-1].end
-
-    @property
-    def remainder(self) -> int | None:
-        """Real samples in the last global step, when that step was topped up; else None."""
-        return self.active[-1].remainder if self.active else None
 
 
 @dataclass(frozen=True)
@@ -153,9 +128,9 @@ class DataLoaderConfiguration:
             raise ValueError(
                 "use_stateful_dataloader=True is not supported: in Accelerate it builds the "
                 "loader on torchdata's StatefulDataLoader, so that save_state records where an "
-                "epoch stopped; nbaccel does not depend on torchdata. Leave it False, and to "
-                "resume mid-epoch skip the batches already seen, e.g. "
-                "itertools.islice(loader, seen, None)."
+                "epoch stopped; nbaccel does not depend on torchdata, and its save_state "
+                "records that anyway. Leave it False, and after load_state resume the epoch "
+                "with accelerator.skip_first_batches(loader, batches_seen)."
             )
 
 
@@ -219,7 +194,7 @@ def shard_dataloader(
         sampler = SeedableRandomSampler(sampler, seed)
         batches.sampler = sampler  # type: ignore[union-attr]
         if world_size == 1:
-            return _with_batch_sampler(loader, batches, as_sampler)
+            return with_batch_sampler(loader, batches, as_sampler)
     if world_size == 1 or isinstance(sampler, DistributedSampler):
         return loader  # nothing to split, or the user already split it
     if isinstance(loader.dataset, IterableDataset):
@@ -243,143 +218,4 @@ def shard_dataloader(
         even_batches=config.even_batches,
         shared_seed=shared_seed,
     )
-    return _with_batch_sampler(loader, sharded, as_sampler)
-
-
-def _with_batch_sampler(loader: DataLoader, batch_sampler: Any, as_sampler: bool) -> DataLoader:
-    where = {"sampler": batch_sampler, "batch_size": None} if as_sampler else {}
-    return DataLoader(
-        loader.dataset,
-        **(where or {"batch_sampler": batch_sampler}),
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
-        persistent_workers=loader.persistent_workers,
-    )
-
-
-class PreparedDataLoader:
-    """Iterates a (sharded) DataLoader and yields batches already on ``device``.
-
-    It looks one batch ahead so that it knows, before yielding it, which batch is the last:
-    ``accumulate`` then syncs gradients there even if the window is not full. Like Accelerate's
-    loader it counts epochs: each pass starts with ``set_epoch(epoch)``, and a complete pass
-    adds one.
-    """
-
-    def __init__(
-        self,
-        loader: DataLoader,
-        device: torch.device,
-        state: LoopState,
-        on_batch: Callable[[int], None] | None = None,
-        on_end: Callable[[], None] | None = None,
-        *,
-        non_blocking: bool = False,
-        breakdown: Breakdown | None = None,
-    ) -> None:
-        self.loader, self.device, self.state = loader, device, state
-        self.on_batch = on_batch  # told each batch's sample count, for the live view
-        self.on_end = on_end  # told when a pass over the data is complete
-        self.breakdown = breakdown  # told how long each batch took to arrive
-        # a copy to the GPU can run behind the compute (fully so from pinned memory); a CPU
-        # "copy" has nothing to overlap with
-        self._non_blocking = (non_blocking or bool(loader.pin_memory)) and device.type == "cuda"
-        self.epoch = 0
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    @property
-    def batch_size(self) -> int | None:
-        """Samples per batch on this rank (None: the batch sampler's batches vary in size)."""
-        if self.loader.batch_size is not None:
-            return self.loader.batch_size
-        return fixed_batch_size(self._batches)  # ShardedBatchSampler: this rank's
-
-    @property
-    def _batches(self) -> Any:
-        """What yields this rank's batches: the batch sampler, or a sampler that yields whole
-        batches itself (``DataLoader(sampler=BatchSampler(...), batch_size=None)``)."""
-        loader = self.loader
-        return loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
-
-    def set_epoch(self, epoch: int) -> None:
-        """Shuffle the next pass as epoch ``epoch``: tells the samplers that have ``set_epoch``
-        (the seeded sampler, a ``DistributedSampler``), else the dataset if it has one."""
-        self.epoch = epoch
-        told = False
-        for sampler in _samplers(self._batches):
-            if hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(epoch)
-                told = True
-        if not told and hasattr(self.loader.dataset, "set_epoch"):
-            self.loader.dataset.set_epoch(epoch)
-
-    def __getattr__(self, name: str) -> Any:  # dataset, sampler, ...
-        if name == "loader":
-            raise AttributeError(name)
-        return getattr(self.loader, name)
-
-    def __iter__(self) -> Iterator[Any]:
-        self.set_epoch(self.epoch)
-        frame = _Pass(None)
-        self.state.active.append(frame)
-        try:
-            asked = self._asked()
-            batches = iter(self.loader)
-            current = next(batches, _DONE)
-            while current is not _DONE:
-                following = next(batches, _DONE)  # read ahead: the wait for it is this batch's
-                if following is _DONE:  # the sampler is spent: it knows how the epoch ended
-                    frame.end = True
-                    sharded = self._batches
-                    if isinstance(sharded, ShardedBatchSampler):
-                        frame.remainder = sharded.remainder
-                batch = send_to_device(current, self.device, self._non_blocking)
-                if asked is not None:
-                    self.breakdown.waited_for_data(asked)  # type: ignore[union-attr]
-                if self.on_batch is not None:
-                    self.on_batch(_batch_len(current))
-                yield batch
-                asked = self._asked()
-                current = following
-            self.epoch += 1
-            if self.on_end is not None:
-                self.on_end()
-        finally:
-            self.state.active.remove(frame)
-
-    def _asked(self) -> float | None:
-        """When the loop asked for a batch, on the breakdown's clock (None: not timed)."""
-        return None if self.breakdown is None else self.breakdown.now()
-
-
-def _samplers(batch_sampler: Any) -> Iterator[Any]:
-    """A batch sampler, the batch sampler it shards, and their samplers."""
-    while batch_sampler is not None:
-        yield batch_sampler
-        if getattr(batch_sampler, "sampler", None) is not None:
-            yield batch_sampler.sampler
-        batch_sampler = getattr(batch_sampler, "batch_sampler", None)
-
-
-def _batch_len(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor (0 if it has none)."""
-    while True:
-        if isinstance(batch, torch.Tensor):
-            return batch.shape[0] if batch.dim() else 1
-        if isinstance(batch, Mapping) and batch:
-            batch = next(iter(batch.values()))
-        elif isinstance(batch, list | tuple) and batch:
-            batch = batch[0]
-        else:
-            return 0
-
-
-_DONE = object()
+    return with_batch_sampler(loader, sharded, as_sampler)

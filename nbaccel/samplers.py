@@ -165,3 +165,36 @@ def check_split(batch_size: int | None, world_size: int, batch_sampler: Any) -> 
             f"equal slices, one per process, so batch_size must be a multiple of {world_size}: "
             f"use e.g. batch_size={fit}, or split_batches=False."
         )
+
+
+class Replay(Sampler[list[int]]):
+    """``batch_sampler`` without its first ``skip`` batches; given ``rng``, the torch RNG
+    state that the pass first began with, it also reproduces that pass's shuffle.
+
+    A shuffling sampler draws its order from the global RNG when its pass begins (and the
+    DataLoader draws a base seed for its workers when it is iterated). Resuming, the loader
+    sets the RNG to ``rng`` before it iterates (``loader.PreparedDataLoader``), so both draws
+    repeat; here, right after the sampler drew, the RNG goes back to the checkpoint's state,
+    before any batch is read: the rest of the pass draws what it drew the first time.
+    """
+
+    def __init__(self, batch_sampler: Any, skip: int, rng: torch.Tensor | None) -> None:
+        self.batch_sampler, self.skip, self.rng = batch_sampler, skip, rng
+        self.resumed: torch.Tensor | None = None  # the RNG state to go back to, once drawn
+
+    def __len__(self) -> int:
+        return max(len(self.batch_sampler) - self.skip, 0)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = iter(self.batch_sampler)
+        first = next(batches, None)  # the sampler has drawn its order now
+        self.restore()
+        if first is None:
+            return
+        yield from itertools.islice(itertools.chain([first], batches), self.skip, None)
+
+    def restore(self) -> None:
+        """Give back the RNG state the loader put aside (once)."""
+        if self.resumed is not None:
+            torch.set_rng_state(self.resumed)
+            self.resumed = None

@@ -30,13 +30,17 @@ from .collectives import (
 )
 from .data import DataLoaderConfiguration
 from .env import DistEnv
+from .project import ProjectConfiguration
 from .state import DistributedType, PartialState
+from .tracking import LoggerType
 
 __all__ = [
     "DataLoaderConfiguration",
     "DistributedType",
     "GradientAccumulationPlugin",
+    "LoggerType",
     "PartialState",
+    "ProjectConfiguration",
     "Reduction",
     "broadcast",
     "broadcast_object_list",

@@ -402,7 +402,7 @@ def test_set_epoch_reaches_the_sampler_or_the_dataset():
 
 def test_non_blocking_copies_reach_the_gpu(monkeypatch):
     calls = []
-    monkeypatch.setattr("nbaccel.data.send_to_device", lambda b, d, nb: calls.append(nb) or b)
+    monkeypatch.setattr("nbaccel.loader.send_to_device", lambda b, d, nb: calls.append(nb) or b)
     loader = DataLoader(range(4), batch_size=2)
     for device, non_blocking, expected in [("cuda", True, True), ("cuda", False, False)]:
         calls.clear()
