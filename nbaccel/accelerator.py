@@ -40,7 +40,7 @@ from .sharding import FSDPPlugin
 from .state import DistributedType, PartialState
 from .strategies import choose
 from .tracker import Tracker
-from .tracking import Trackers
+from .tracking_setup import Trackers
 from .utils import set_seed  # noqa: F401  (its old home; nbaccel.set_seed is the same)
 from .zero import DeepSpeedPlugin  # DeepSpeed itself loads on demand
 
@@ -318,12 +318,13 @@ class Accelerator(Checkpointing, PartialState):
         rank; in the trackers, to the optimizer steps taken (counted on across ``load_state``).
         ``log_kwargs``: per tracker, ``{"wandb": {...}}``. Never blocks training.
         """
-        live = values
-        if self._trackers.chosen:  # text and dicts are the trackers' alone, on every rank
-            live = {k: v for k, v in values.items() if not isinstance(v, str | Mapping)}
-        self.tracker.log(live, step)
+        if not self._trackers.chosen:
+            self.tracker.log(values, step)
+            return
+        other = {k: v for k, v in values.items() if isinstance(v, str | Mapping)}  # trackers'
+        numbers = self.tracker.log({k: v for k, v in values.items() if k not in other}, step)
         steps = self._steps_before + self.tracker.optimizer_steps
-        self._trackers.log(values, steps if step is None else step, log_kwargs)
+        self._trackers.log({**numbers, **other}, steps if step is None else step, log_kwargs)
 
     def init_trackers(
         self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None

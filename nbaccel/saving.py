@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .project import ProjectConfiguration
     from .strategies.base import Strategy
     from .tracker import Tracker
+    from .tracking_setup import Trackers
 
 
 class Checkpointing:
@@ -34,6 +35,7 @@ class Checkpointing:
     _dataloaders: list[PreparedDataLoader]
     _registered: list[Any]
     _steps_before: int
+    _trackers: Trackers
 
     def save(self, obj: Any, path: str | os.PathLike) -> None:
         """``torch.save`` on the main process only, atomically (temporary file, then rename).
@@ -78,6 +80,7 @@ class Checkpointing:
         """
         config = self.project_configuration
         folder = project.save_folder(config, output_dir)
+        self._trackers.flush()  # a resumed run's records go on from here, none missing
         self.strategy.save_state(
             folder,
             *self._checkpointed(),

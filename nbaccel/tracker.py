@@ -97,10 +97,11 @@ class Tracker:
 
     def log(
         self, values: Mapping[str, Any], step: int | None = None, samples: int | None = None
-    ) -> None:
-        """Record numbers (floats, ints, 0-d tensors). ``step`` defaults to the number of
-        earlier ``log`` calls on this rank, which lines the ranks up; ``samples`` adds to the
-        count that throughput is computed from (the Accelerator counts them by itself)."""
+    ) -> dict[str, float]:
+        """Record numbers (floats, ints, 0-d tensors) and return them as floats. ``step``
+        defaults to the number of earlier ``log`` calls on this rank, which lines the ranks up;
+        ``samples`` adds to the count that throughput is computed from (the Accelerator counts
+        them by itself)."""
         record: dict[str, float] = {}
         for key, value in values.items():
             if hasattr(value, "numel") and hasattr(value, "item"):  # a tensor, without torch
@@ -118,6 +119,7 @@ class Tracker:
         if samples:
             self.samples += samples
         self.tick()
+        return record
 
     def count(self, samples: int = 0, optimizer_steps: int = 0) -> None:
         self.samples += samples

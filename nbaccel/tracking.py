@@ -5,10 +5,9 @@
     accelerator.log({"loss": loss})          # the trackers, and the live view as before
     accelerator.end_training()               # finishes every tracker
 
-Only the main process writes (a tracker with ``main_process_only = False`` is made on every
-rank). ``step`` defaults to the optimizer steps taken so far. Each library is optional
-(``pip install "nbaccel[trackers]"``); naming one that is not installed fails when the
-Accelerator is made, not at the first ``log``. Where each one writes:
+Only the main process writes (a tracker with ``main_process_only = False``: every rank).
+``step`` defaults to the optimizer steps taken. Each library is optional (``pip install
+"nbaccel[trackers]"``): a missing one fails when the Accelerator is made. Where they write:
 
 * ``"tensorboard"``: ``<logging_dir>/<project_name>``, scalars, text and the config as
   TensorBoard's hyperparameters (``%tensorboard --logdir <logging_dir>`` shows them).
@@ -20,8 +19,9 @@ Accelerator is made, not at the first ``log``. Where each one writes:
 * ``"wandb"``: ``WANDB_MODE`` as set; without it and without an API key it logs offline under
   ``<project_dir>/wandb`` and says so (``wandb sync`` uploads it later).
 
-Your own: subclass ``GeneralTracker`` (a ``name``, ``requires_logging_directory``, a
-``tracker`` property, ``store_init_configuration``, ``log``, ``finish``) and pass an instance.
+The built-in ones keep numbers back and write them once a second (and at ``save_state`` and
+``end_training``): a process that is killed loses at most its last second of them. Your own:
+subclass ``GeneralTracker`` and pass an instance.
 """
 
 from __future__ import annotations
@@ -84,12 +84,23 @@ class GeneralTracker:
     def log(self, values: dict[str, Any], step: int | None, **kwargs: Any) -> None:
         """Record ``values`` at ``step``."""
 
+    def flush(self) -> None:
+        """Write what ``log`` has kept back (the built-in trackers write once a second)."""
+
     def finish(self) -> None:
         """Write what is left and close (``end_training`` calls it)."""
 
 
+FLUSH_SECONDS = 1.0  # how long the built-in trackers keep numbers back, to write them together
+
+
 class TensorBoardTracker(GeneralTracker):
-    """Writes TensorBoard event files under ``logging_dir/run_name`` (torch's SummaryWriter)."""
+    """Writes TensorBoard event files under ``logging_dir/run_name`` (torch's SummaryWriter).
+
+    Numbers are kept back and written once a second, one event per step with all its numbers:
+    an event written per number costs TensorBoard's pure-Python file layer hundreds of
+    microseconds (``benchmarks/results/trackers-cpu.md``). Text and dicts are written at once.
+    """
 
     name = "tensorboard"
     requires_logging_directory = True
@@ -98,7 +109,10 @@ class TensorBoardTracker(GeneralTracker):
         from torch.utils.tensorboard import SummaryWriter
 
         self.logging_dir = Path(logging_dir) / run_name
+        kwargs.setdefault("max_queue", 1000)  # a second's events go in without waiting
         self.writer = SummaryWriter(str(self.logging_dir), **kwargs)
+        self._pending: list[tuple[int | None, dict[str, float], float]] = []
+        self._due = time.monotonic() + FLUSH_SECONDS
 
     @property
     def tracker(self) -> Any:
@@ -114,15 +128,37 @@ class TensorBoardTracker(GeneralTracker):
         self.writer.flush()
 
     def log(self, values: dict[str, Any], step: int | None, **kwargs: Any) -> None:
+        numbers = {}
         for key, value in values.items():
             if isinstance(value, str):
                 self.writer.add_text(key, value, global_step=step, **kwargs)
             elif isinstance(value, Mapping):
                 self.writer.add_scalars(key, dict(value), global_step=step, **kwargs)
-            else:
+            elif kwargs:  # add_scalar's own options (new_style=, ...): its own event
                 self.writer.add_scalar(key, value, global_step=step, **kwargs)
+            else:
+                numbers[key] = float(value)
+        if numbers:
+            self._pending.append((step, numbers, time.time()))
+        if time.monotonic() >= self._due:
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        writer = self.writer._get_file_writer()
+        pending, self._pending = self._pending, []
+        for step, numbers, walltime in pending:
+            values = [Summary.Value(tag=k, simple_value=v) for k, v in numbers.items()]
+            writer.add_summary(Summary(value=values), step, walltime)
+        self._due = time.monotonic() + FLUSH_SECONDS
+
+    def flush(self) -> None:
+        self._write_pending()
+        self.writer.flush()  # on disk when it returns
 
     def finish(self) -> None:
+        self._write_pending()
         self.writer.close()
 
 
@@ -156,6 +192,8 @@ class MLflowTracker(GeneralTracker):
         self.run = self.client.create_run(experiment_id, run_name=run_name, tags=tags)
         self.run_id = self.run.info.run_id
         self.tracking_uri = uri
+        self._pending: list[Any] = []  # Metric entities, sent together once a second
+        self._due = time.monotonic() + FLUSH_SECONDS
 
     @property
     def tracker(self) -> Any:
@@ -172,15 +210,25 @@ class MLflowTracker(GeneralTracker):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [
+        self._pending += [
             Metric(k, float(v), now, step or 0)
             for k, v in values.items()
             if isinstance(v, int | float) and not isinstance(v, bool)
         ]
-        if metrics:  # queued: a background thread batches them to the store
-            self.client.log_batch(self.run_id, metrics=metrics, synchronous=False)
+        if time.monotonic() >= self._due:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send the numbers kept back: one store write a second (each costs the SQLite store
+        milliseconds, more than a small step), queued to MLflow's background thread."""
+        pending, self._pending = self._pending, []
+        for start in range(0, len(pending), 1000):  # MLflow takes 1000 metrics a call
+            batch = pending[start : start + 1000]
+            self.client.log_batch(self.run_id, metrics=batch, synchronous=False)
+        self._due = time.monotonic() + FLUSH_SECONDS
 
     def finish(self) -> None:
+        self.flush()
         self.client.set_terminated(self.run_id)  # waits for the queued metrics first
 
 
@@ -227,14 +275,6 @@ class WandBTracker(GeneralTracker):
             wandb.teardown()
 
 
-# name -> (class, the module that must be importable, what to install)
-BUILT_IN: dict[str, tuple[type[GeneralTracker], str, str]] = {
-    "tensorboard": (TensorBoardTracker, "tensorboard", "tensorboard"),
-    "mlflow": (MLflowTracker, "mlflow", "mlflow-skinny sqlalchemy alembic"),
-    "wandb": (WandBTracker, "wandb", "wandb"),
-}
-
-
 def installed(module: str) -> bool:
     if module in sys.modules:
         return sys.modules[module] is not None
@@ -242,98 +282,6 @@ def installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
-
-
-def resolve(log_with: Any, logging_dir: str | os.PathLike | None) -> list[str | GeneralTracker]:
-    """The trackers ``log_with`` asks for: names checked (installed, a folder where one is
-    needed) and objects as given. Raised here, when the Accelerator is made."""
-    if log_with is None:
-        return []
-    asked = list(log_with) if isinstance(log_with, list | tuple) else [log_with]
-    chosen: list[str | GeneralTracker] = []
-    for item in asked:
-        if isinstance(item, GeneralTracker):
-            chosen.append(item)
-            continue
-        name = item.value if isinstance(item, LoggerType) else item
-        if name == "all":
-            chosen += [n for n, (_, module, _) in BUILT_IN.items() if installed(module)]
-            if not chosen:
-                raise ImportError(f'log_with="all" found no tracker installed. {_install()}')
-            continue
-        if not isinstance(name, str) or name not in BUILT_IN:
-            raise ValueError(
-                f"log_with={item!r}: the trackers are {', '.join(map(repr, BUILT_IN))}, 'all', "
-                "or a nbaccel.tracking.GeneralTracker instance of your own."
-            )
-        if not installed(BUILT_IN[name][1]):
-            raise ImportError(
-                f'log_with="{name}" needs the {BUILT_IN[name][1]} package, which is not '
-                f"installed here. {_install(BUILT_IN[name][2])}"
-            )
-        chosen.append(name)
-    for name in chosen:
-        needs = BUILT_IN[name][0] if isinstance(name, str) else name
-        if needs.requires_logging_directory and logging_dir is None and isinstance(name, str):
-            raise ValueError(
-                f'log_with="{name}" writes files: give the Accelerator a folder for them, '
-                f'e.g. Accelerator(log_with="{name}", project_dir="runs").'
-            )
-    return list(dict.fromkeys(chosen))  # each once, in the order asked
-
-
-class Trackers:
-    """One Accelerator's trackers: checked when it is made, started by ``init_trackers``."""
-
-    def __init__(self, log_with: Any, logging_dir: str | os.PathLike | None) -> None:
-        self.chosen = resolve(log_with, logging_dir)
-        self.logging_dir, self.is_main = logging_dir, True
-        self.started: list[GeneralTracker] = []
-
-    def start(
-        self,
-        project_name: str,
-        config: dict[str, Any] | None,
-        init_kwargs: Mapping[str, Mapping[str, Any]] | None,
-        is_main: bool,
-    ) -> None:
-        self.finish()  # a second init_trackers starts new runs
-        init_kwargs, self.is_main = init_kwargs or {}, is_main
-        for item in self.chosen:
-            if isinstance(item, GeneralTracker):
-                if self.is_main or not item.main_process_only:
-                    self.started.append(item)
-                continue
-            cls = BUILT_IN[item][0]
-            if self.is_main or not cls.main_process_only:
-                kwargs = dict(init_kwargs.get(item, {}))
-                self.started.append(cls(project_name, self.logging_dir, **kwargs))
-        if config is not None:
-            for tracker in self.started:
-                tracker.store_init_configuration(dict(config))
-
-    def log(
-        self, values: Mapping[str, Any], step: int, log_kwargs: Mapping[str, Any] | None
-    ) -> None:
-        if not self.started:
-            return
-        plain = {k: v.item() if hasattr(v, "item") else v for k, v in values.items()}
-        for tracker in self.started:
-            tracker.log(plain, step, **dict((log_kwargs or {}).get(tracker.name, {})))
-
-    def get(self, name: str, unwrap: bool) -> Any:
-        for tracker in self.started:
-            if tracker.name == name:
-                return tracker.tracker if unwrap else tracker
-        if not self.is_main:  # nothing is written here: a tracker that does nothing
-            return GeneralTracker()
-        names = [t.name for t in self.started] or ["none: call init_trackers first"]
-        raise ValueError(f"no tracker named {name!r}; started: {', '.join(names)}")
-
-    def finish(self) -> None:
-        started, self.started = self.started, []
-        for tracker in started:
-            tracker.finish()
 
 
 def _flat(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -356,8 +304,3 @@ def _wandb_key() -> bool:
         return netrc.netrc().authenticators("api.wandb.ai") is not None
     except (OSError, netrc.NetrcParseError):
         return False
-
-
-def _install(packages: str = "") -> str:
-    extra = f" (or only this one: {sys.executable} -m pip install {packages})" if packages else ""
-    return f'Install the trackers with: {sys.executable} -m pip install "nbaccel[trackers]"{extra}'

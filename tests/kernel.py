@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import psutil
@@ -74,6 +76,25 @@ class Kernel:
     def shutdown(self) -> None:
         self.client.stop_channels()
         self.manager.shutdown_kernel(now=False)  # lets atexit close the fork server
+
+
+@contextlib.contextmanager
+def kernel_with(cwd: str, *cells: str) -> Iterator[Kernel]:
+    """A kernel that ran ``cells``; shut down after, and its fork server checked gone."""
+    kernel = Kernel(cwd=cwd)
+    for cell in cells:
+        kernel.run(cell)
+    yield kernel
+    servers = kernel.servers()
+    kernel.shutdown()
+    _, alive = psutil.wait_procs(servers, timeout=15)
+    assert not alive, "the fork server outlived its kernel"
+
+
+def no_workers_left(kernel: Kernel, timeout: float = 15) -> None:
+    """Fail if any process below the kernel but its fork server is still alive."""
+    _, alive = psutil.wait_procs(kernel.workers(), timeout=timeout)
+    assert not alive, f"processes left behind: {alive}"
 
 
 def _is_server(process: psutil.Process) -> bool:

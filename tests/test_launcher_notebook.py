@@ -9,10 +9,9 @@ from __future__ import annotations
 import re
 import time
 
-import psutil
 import pytest
 
-from .kernel import Kernel
+from .kernel import kernel_with, no_workers_left
 
 pytestmark = pytest.mark.multiprocess
 
@@ -42,20 +41,14 @@ def train(scaler, fail_rank=None, how="raise"):
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    kernel = Kernel(cwd=str(tmp_path_factory.mktemp("kernel")))
-    kernel.run(TRAIN)
-    yield kernel
-    servers = kernel.servers()
-    kernel.shutdown()
-    _, alive = psutil.wait_procs(servers, timeout=15)
-    assert not alive, "the fork server outlived its kernel"
+    with kernel_with(str(tmp_path_factory.mktemp("kernel")), TRAIN) as kernel:
+        yield kernel
 
 
 @pytest.fixture(autouse=True)
-def no_workers_left(kernel):
+def _no_workers_left(kernel):
     yield
-    _, alive = psutil.wait_procs(kernel.workers(), timeout=10)
-    assert not alive, f"workers left behind: {alive}"
+    no_workers_left(kernel)
 
 
 def test_a_function_defined_in_a_cell_runs_on_two_workers(kernel):

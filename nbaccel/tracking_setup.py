@@ -1,0 +1,127 @@
+"""The Accelerator's trackers: which ones ``log_with`` asks for (checked when the Accelerator is
+made), started by ``init_trackers`` and written to by ``log``. The trackers themselves are in
+``tracking``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from .tracking import (
+    GeneralTracker,
+    LoggerType,
+    MLflowTracker,
+    TensorBoardTracker,
+    WandBTracker,
+    installed,
+)
+
+# name -> (class, the module that must be importable, what to install)
+BUILT_IN: dict[str, tuple[type[GeneralTracker], str, str]] = {
+    "tensorboard": (TensorBoardTracker, "tensorboard", "tensorboard"),
+    "mlflow": (MLflowTracker, "mlflow", "mlflow-skinny sqlalchemy alembic"),
+    "wandb": (WandBTracker, "wandb", "wandb"),
+}
+
+
+def resolve(log_with: Any, logging_dir: str | os.PathLike | None) -> list[str | GeneralTracker]:
+    """The trackers ``log_with`` asks for: names checked (installed, a folder where one is
+    needed) and objects as given. Raised here, when the Accelerator is made."""
+    if log_with is None:
+        return []
+    asked = list(log_with) if isinstance(log_with, list | tuple) else [log_with]
+    chosen: list[str | GeneralTracker] = []
+    for item in asked:
+        if isinstance(item, GeneralTracker):
+            chosen.append(item)
+            continue
+        name = item.value if isinstance(item, LoggerType) else item
+        if name == "all":
+            chosen += [n for n, (_, module, _) in BUILT_IN.items() if installed(module)]
+            if not chosen:
+                raise ImportError(f'log_with="all" found no tracker installed. {_install()}')
+            continue
+        if not isinstance(name, str) or name not in BUILT_IN:
+            raise ValueError(
+                f"log_with={item!r}: the trackers are {', '.join(map(repr, BUILT_IN))}, 'all', "
+                "or a nbaccel.tracking.GeneralTracker instance of your own."
+            )
+        if not installed(BUILT_IN[name][1]):
+            raise ImportError(
+                f'log_with="{name}" needs the {BUILT_IN[name][1]} package, which is not '
+                f"installed here. {_install(BUILT_IN[name][2])}"
+            )
+        chosen.append(name)
+    for name in chosen:
+        needs = BUILT_IN[name][0] if isinstance(name, str) else name
+        if needs.requires_logging_directory and logging_dir is None and isinstance(name, str):
+            raise ValueError(
+                f'log_with="{name}" writes files: give the Accelerator a folder for them, '
+                f'e.g. Accelerator(log_with="{name}", project_dir="runs").'
+            )
+    return list(dict.fromkeys(chosen))  # each once, in the order asked
+
+
+class Trackers:
+    """One Accelerator's trackers: checked when it is made, started by ``init_trackers``."""
+
+    def __init__(self, log_with: Any, logging_dir: str | os.PathLike | None) -> None:
+        self.chosen = resolve(log_with, logging_dir)
+        self.logging_dir, self.is_main = logging_dir, True
+        self.started: list[GeneralTracker] = []
+
+    def start(
+        self,
+        project_name: str,
+        config: dict[str, Any] | None,
+        init_kwargs: Mapping[str, Mapping[str, Any]] | None,
+        is_main: bool,
+    ) -> None:
+        self.finish()  # a second init_trackers starts new runs
+        init_kwargs, self.is_main = init_kwargs or {}, is_main
+        for item in self.chosen:
+            if isinstance(item, GeneralTracker):
+                if self.is_main or not item.main_process_only:
+                    self.started.append(item)
+                continue
+            cls = BUILT_IN[item][0]
+            if self.is_main or not cls.main_process_only:
+                kwargs = dict(init_kwargs.get(item, {}))
+                self.started.append(cls(project_name, self.logging_dir, **kwargs))
+        if config is not None:
+            for tracker in self.started:
+                tracker.store_init_configuration(dict(config))
+
+    def log(
+        self, values: Mapping[str, Any], step: int, log_kwargs: Mapping[str, Any] | None
+    ) -> None:
+        if not self.started:
+            return
+        for tracker in self.started:
+            tracker.log(values, step, **dict((log_kwargs or {}).get(tracker.name, {})))
+
+    def get(self, name: str, unwrap: bool) -> Any:
+        for tracker in self.started:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        if not self.is_main:  # nothing is written here: a tracker that does nothing
+            return GeneralTracker()
+        names = [t.name for t in self.started] or ["none: call init_trackers first"]
+        raise ValueError(f"no tracker named {name!r}; started: {', '.join(names)}")
+
+    def flush(self) -> None:
+        for tracker in self.started:
+            tracker.flush()
+
+    def finish(self) -> None:
+        started, self.started = self.started, []
+        for tracker in started:
+            tracker.finish()
+
+
+def _install(packages: str = "") -> str:
+    extra = f" (or only this one: {sys.executable} -m pip install {packages})" if packages else ""
+    return f'Install the trackers with: {sys.executable} -m pip install "nbaccel[trackers]"{extra}'
