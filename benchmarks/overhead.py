@@ -18,7 +18,16 @@ The time breakdown (``nbaccel.breakdown``, on by default) is measured as a pair:
 it and "nbaccel, no breakdown" (``NBACCEL_BREAKDOWN=0``), and the paired ratio of the two in
 each round is the breakdown's cost (reported below the table).
 
+The experiment trackers are measured the same way, in the "plain" mode: nbaccel's loop logging
+its loss every step, as the live view's users do (``accelerator.log({"loss": loss})``), with
+``log_with`` one tracker (TensorBoard, MLflow, wandb offline: those installed, each writing into
+a temporary folder) against the same loop without one ("no tracker"; "no tracker again" is its
+noise floor). Each pass ends by waiting for the tracker's background work on it (TensorBoard's
+writer thread, MLflow's queue), so that work is counted in its own trial. The loop also times its
+``log`` calls: what a tracker adds to one call, in microseconds, and as a share of a step.
+
     python benchmarks/overhead.py [--rounds 25] [--steps N] [--threads 1] [--out FILE.json]
+    python benchmarks/overhead.py --only trackers   # the trackers alone: results/trackers-cpu
 """
 
 from __future__ import annotations
@@ -26,11 +35,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +52,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import nbaccel
 from nbaccel.env import BREAKDOWN_VAR
+from nbaccel.tracking import installed
 
 MODES = {"plain": (1, "no"), "accumulation 4": (4, "no"), "bf16": (1, "bf16")}  # accum, precision
 WIDTH, BATCH, LR = 512, 64, 1e-3
@@ -146,6 +159,91 @@ def fabric_loop(steps: int, accum: int, precision: str):
     return epoch
 
 
+# The trackers, each by its log_with name, with its init_kwargs: wandb offline, as without an
+# account (nothing is sent anywhere).
+TRACKERS = {"tensorboard": {}, "mlflow": {}, "wandb": {"mode": "offline"}}
+NO_TRACKER = "no tracker"
+
+
+class LoggingLoop:
+    """nbaccel's loop logging its loss every step to the live view and to the ``log_with``
+    tracker, in a temporary folder that ``close`` removes. A pass is one epoch, as for the other
+    variants; ``log_seconds`` is the time its ``log`` calls took, ``log_cpu_seconds`` the CPU
+    time this thread spent in them (which other programs on the machine do not inflate)."""
+
+    def __init__(self, steps: int, accum: int, precision: str, log_with: str | None = None):
+        self.folder = tempfile.mkdtemp(prefix="nbaccel-trackers-")
+        self.log_with, self.log_seconds, self.log_cpu_seconds = log_with, 0.0, 0.0
+        self.accelerator = None
+        try:
+            self.accelerator = nbaccel.Accelerator(
+                precision, gradient_accumulation_steps=accum, cpu=True, log_with=log_with,
+                project_dir=self.folder,
+            )  # fmt: skip
+            with unset("MLFLOW_TRACKING_URI"):  # a local store in the folder, never a server
+                self.accelerator.init_trackers(
+                    "overhead", config={"width": WIDTH, "batch": BATCH, "lr": LR},
+                    init_kwargs={log_with: TRACKERS[log_with]} if log_with else None,
+                )  # fmt: skip
+            self.parts = self.accelerator.prepare(*make_parts(steps))
+        except BaseException:
+            self.close()
+            raise
+
+    def __call__(self) -> float:
+        accelerator, (model, optimizer, loader) = self.accelerator, self.parts
+        self.log_seconds = self.log_cpu_seconds = 0.0
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                loss = F.cross_entropy(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            start, cpu_start = time.perf_counter(), time.thread_time()
+            accelerator.log({"loss": loss})
+            self.log_seconds += time.perf_counter() - start
+            self.log_cpu_seconds += time.thread_time() - cpu_start
+        self.drain()
+        return loss.item()
+
+    def drain(self) -> None:
+        """Wait for the tracker's background work on this pass, so that it counts here and not
+        in the next variant's trial. (wandb's work is in its own service process.)"""
+        if self.log_with in ("tensorboard", "mlflow"):  # what it keeps back, written now
+            self.accelerator.get_tracker(self.log_with).flush()  # (more often than once a second)
+        if self.log_with == "mlflow":  # the queue is the client's store's (no public call)
+            client = self.accelerator.get_tracker("mlflow", unwrap=True)
+            client._tracking_client.store.flush_async_logging()
+
+    def close(self) -> None:
+        try:
+            if self.accelerator is not None:
+                self.accelerator.end_training()
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def unset(name: str):
+    """``os.environ`` without ``name`` for the block, then as it was."""
+    saved = os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[name] = saved
+
+
+def tracker_variants() -> dict:
+    variants = {NO_TRACKER: LoggingLoop, f"{NO_TRACKER} again": LoggingLoop}
+    for name in TRACKERS:
+        if installed(name):
+            variants[name] = functools.partial(LoggingLoop, log_with=name)
+        else:
+            print(f"({name} is not installed: its tracker is skipped)")
+    return variants
+
+
 def calibrate(accum: int, precision: str, seconds: float = 0.3) -> int:
     """Steps (a multiple of 4, at least 8) for one raw trial to take about ``seconds``."""
     epoch = raw(8, accum, precision)
@@ -160,37 +258,88 @@ def stat(xs: list[float], digits: int) -> dict:
     return {"median": round(median, digits), "iqr": [round(q1, digits), round(q3, digits)]}
 
 
-def run_mode(mode: str, variants: dict, rounds: int, steps: int | None) -> dict:
+def run_mode(
+    mode: str, variants: dict, rounds: int, steps: int | None, baseline: str = "raw"
+) -> dict:
+    """Every variant once a round, round-robin; ratios are over ``baseline`` in the same round.
+    A variant that times its ``log`` calls (``log_seconds``) has them reported too."""
     accum, precision = MODES[mode]
     steps = steps or calibrate(accum, precision)
     wall: dict[str, list[float]] = {name: [] for name in variants}  # steps/s, one per round
     cpu: dict[str, list[float]] = {name: [] for name in variants}
-    loss = {}
-    for r in range(rounds):
-        if r % REBUILD == 0:  # fresh objects: where their memory lies moves speed by ~1%
-            epochs = {name: build(steps, accum, precision) for name, build in variants.items()}
-            for epoch in epochs.values():
-                epoch()  # warm-up: allocator, autograd graph, autocast caches
-        for name in list(variants)[r % len(variants) :] + list(variants)[: r % len(variants)]:
-            start, cpu_start = time.perf_counter(), time.process_time()
-            loss[name] = epochs[name]()
-            wall[name].append(steps / (time.perf_counter() - start))
-            cpu[name].append(steps / (time.process_time() - cpu_start))
+    log_us: dict[str, list[float]] = {name: [] for name in variants}  # per log call
+    log_cpu_us: dict[str, list[float]] = {name: [] for name in variants}
+    loss, epochs = {}, {}
+    try:
+        for r in range(rounds):
+            if r % REBUILD == 0:  # fresh objects: where their memory lies moves speed by ~1%
+                close(epochs)
+                epochs = {}
+                for name, build in variants.items():
+                    epochs[name] = build(steps, accum, precision)
+                for epoch in epochs.values():
+                    epoch()  # warm-up: allocator, autograd graph, autocast caches
+            for name in list(variants)[r % len(variants) :] + list(variants)[: r % len(variants)]:
+                start, cpu_start = time.perf_counter(), time.process_time()
+                loss[name] = epochs[name]()
+                wall[name].append(steps / (time.perf_counter() - start))
+                cpu[name].append(steps / (time.process_time() - cpu_start))
+                if hasattr(epochs[name], "log_seconds"):
+                    log_us[name].append(epochs[name].log_seconds / steps * 1e6)
+                    log_cpu_us[name].append(epochs[name].log_cpu_seconds / steps * 1e6)
+    finally:
+        close(epochs)
+
+    def over_base(xs: dict, name: str) -> list[float]:
+        return [x / b for x, b in zip(xs[name], xs[baseline], strict=True)]
+
+    def added(xs: dict, name: str) -> list[float]:
+        return [x - b for x, b in zip(xs[name], xs[baseline], strict=True)]
+
     results = {}
     for name in variants:
         results[name] = {
             "steps_per_s": stat(wall[name], 1),
-            "ratio": stat([x / b for x, b in zip(wall[name], wall["raw"], strict=True)], 4),
-            "cpu_time_ratio": stat([x / b for x, b in zip(cpu[name], cpu["raw"], strict=True)], 4),
+            "ratio": stat(over_base(wall, name), 4),
+            "cpu_time_ratio": stat(over_base(cpu, name), 4),
             "last_loss": round(loss[name], 4),  # equal across variants: the same math
             "per_round_steps_per_s": [round(x, 1) for x in wall[name]],
         }
+        if log_us[name]:
+            results[name]["log_call_us"] = stat(log_us[name], 1)
+            results[name]["log_call_cpu_us"] = stat(log_cpu_us[name], 1)
     pair = "nbaccel", "nbaccel, no breakdown"
-    out = {"steps_per_trial": steps, "variants": results}
+    out = {"steps_per_trial": steps, "baseline": baseline, "variants": results}
     if all(name in variants for name in pair):  # the breakdown's cost: on over off, paired
         on, off = wall[pair[0]], wall[pair[1]]
         out["breakdown_on_over_off"] = stat([a / b for a, b in zip(on, off, strict=True)], 4)
+    if log_us[baseline]:  # what each variant adds to a log call, paired, and its share of a step
+        out["log_call_cost"] = {
+            name: {
+                "extra_us": stat(added(log_us, name), 1),
+                "extra_cpu_us": stat(added(log_cpu_us, name), 1),
+                # in CPU time, which the machine's other programs do not inflate
+                "share_of_step": stat(
+                    [
+                        x * 1e-6 * s
+                        for x, s in zip(added(log_cpu_us, name), cpu[baseline], strict=True)
+                    ],
+                    4,
+                ),
+            }
+            for name in variants
+            if log_us[name] and name != baseline
+        }
     return out
+
+
+def close(epochs: dict) -> None:
+    """Finish the variants that hold something (a tracker's run, its folder): all of them,
+    even when one fails."""
+    with contextlib.ExitStack() as stack:
+        for epoch in epochs.values():
+            if hasattr(epoch, "close"):
+                stack.callback(epoch.close)
 
 
 def revision() -> str:
@@ -222,50 +371,78 @@ def machine(threads: int) -> dict:
     return info
 
 
+def cell(s: dict, digits: int) -> str:
+    (q1, q3), f = s["iqr"], f".{digits}f"
+    return f"{s['median']:{f}} ({q1:{f}}-{q3:{f}})"
+
+
 def to_markdown(report: dict) -> str:
-    m, c = report["machine"], report["config"]
+    m, c, load = report["machine"], report["config"], report["load"]
     lines = [
         f"CPU: {m['cpu']}, {m['cores']} cores; torch.set_num_threads({m['threads']}); "
-        f"torch {m['torch']}; Python {m['python']}; nbaccel {m['nbaccel']}; {m['date']}.",
+        f"torch {m['torch']}; Python {m['python']}; nbaccel {m['nbaccel']}; {m['date']}; "
+        f"1-min load {load['before']:.1f} before, {load['after']:.1f} after.",
         f"MLP {c['width']} wide, batch {c['batch']}, {c['optimizer']}; {c['rounds']} rounds of "
-        "N steps per variant. Ratio: variant / raw steps/s in the same round. Median (IQR).",
-        "",
-        "| mode | variant | steps/s | ratio to raw | CPU-time ratio |",
+        "N steps per variant. Ratio: variant / baseline steps/s in the same round. Median (IQR).",
+    ]
+    if report["modes"]:
+        lines += ["", *table(report["modes"], "raw")]
+        costs = [
+            f"{mode} {cell(result['breakdown_on_over_off'], 4)}"
+            for mode, result in report["modes"].items()
+            if "breakdown_on_over_off" in result
+        ]
+        if costs:
+            paired = "Time breakdown, steps/s with it over without (paired): "
+            lines += ["", paired + "; ".join(costs)]
+    if "trackers" in report:
+        lines += ["", *trackers_markdown(report["trackers"], report.get("versions", {}))]
+    return "\n".join(lines) + "\n"
+
+
+def table(modes: dict, baseline: str) -> list[str]:
+    lines = [
+        f"| mode | variant | steps/s | ratio to {baseline} | CPU-time ratio |",
         "|---|---|---:|---:|---:|",
     ]
-
-    def cell(s: dict, digits: int) -> str:
-        (q1, q3), f = s["iqr"], f".{digits}f"
-        return f"{s['median']:{f}} ({q1:{f}}-{q3:{f}})"
-
-    for mode, result in report["modes"].items():
+    for mode, result in modes.items():
         for name, r in result["variants"].items():
             lines.append(
                 f"| {mode} (N={result['steps_per_trial']}) | {name} | {cell(r['steps_per_s'], 1)}"
                 f" | {cell(r['ratio'], 3)} | {cell(r['cpu_time_ratio'], 3)} |"
             )
-    costs = [
-        f"{mode} {cell(result['breakdown_on_over_off'], 4)}"
-        for mode, result in report["modes"].items()
-        if "breakdown_on_over_off" in result
+    return lines
+
+
+def trackers_markdown(result: dict, versions: dict) -> list[str]:
+    libraries = ", ".join(f"{name} {version}" for name, version in versions.items())
+    lines = [
+        f"Experiment trackers ({libraries}): the plain loop with "
+        '`accelerator.log({"loss": loss})` every step, with `log_with` one tracker or none. '
+        "A pass ends when the tracker's background work on it is done (TensorBoard, MLflow).",
+        "",
+        *table({"plain": result}, NO_TRACKER),
+        "",
+        "Time in the `log` calls alone, per call (wall, and this thread's CPU), and what the "
+        "tracker adds to it, paired by round; its share: the added CPU time over a step's CPU "
+        "time without a tracker. Background work (writer threads, wandb's service) is not in it.",
+        "",
+        "| variant | one `log` call, us | its CPU, us | added, us | added CPU, us | added CPU, "
+        "share of a step |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
-    if costs:
-        lines += ["", "Time breakdown, steps/s with it over without (paired): " + "; ".join(costs)]
-    return "\n".join(lines) + "\n"
+    cost = result["log_call_cost"]
+    for name, r in result["variants"].items():
+        added = cost.get(name)
+        lines.append(
+            f"| {name} | {cell(r['log_call_us'], 1)} | {cell(r['log_call_cpu_us'], 1)} | "
+            + (f"{cell(added['extra_us'], 1)} | {cell(added['extra_cpu_us'], 1)} | "
+               f"{cell(added['share_of_step'], 4)} |" if added else "- | - | - |")
+        )  # fmt: skip
+    return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=25, help="interleaved rounds per mode")
-    parser.add_argument("--steps", type=int, help="steps per trial (default: ~0.3 s of raw)")
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
-    parser.add_argument("--out", default="benchmarks/results/overhead-cpu.json")
-    args = parser.parse_args()
-    if args.rounds < 2:
-        parser.error("--rounds must be at least 2, for a median and quartiles")
-    if args.steps is not None and (args.steps < 4 or args.steps % 4):
-        parser.error("--steps must be a multiple of 4, so every accumulation window is full")
-    torch.set_num_threads(args.threads)
+def mode_variants() -> dict:
     # "raw again" is a second, identical raw loop: how far its ratio strays from 1 is the noise.
     variants = {
         "raw": raw,
@@ -280,16 +457,46 @@ def main() -> None:
             variants[name] = loop
         except ImportError:
             print(f"({name} is not installed: column skipped)")
+    return variants
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=25, help="interleaved rounds per mode")
+    parser.add_argument("--steps", type=int, help="steps per trial (default: ~0.3 s of raw)")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    parser.add_argument(
+        "--only", choices=["modes", "trackers"], help="one part: the three modes, or the trackers"
+    )
+    parser.add_argument(
+        "--out", help="JSON file (default: results/overhead-cpu.json, or trackers-cpu.json)"
+    )
+    args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2, for a median and quartiles")
+    if args.steps is not None and (args.steps < 4 or args.steps % 4):
+        parser.error("--steps must be a multiple of 4, so every accumulation window is full")
+    torch.set_num_threads(args.threads)
     config = {"width": WIDTH, "batch": BATCH, "optimizer": f"SGD(lr={LR})", "rounds": args.rounds}
-    report = {"machine": machine(args.threads), "config": config, "modes": {}}
-    for mode in MODES:
-        report["modes"][mode] = run_mode(mode, variants, args.rounds, args.steps)
-    table = to_markdown(report)
-    print("\n" + table)
-    out = Path(args.out)
+    load = {"before": os.getloadavg()[0]}
+    report = {"machine": machine(args.threads), "config": config, "load": load, "modes": {}}
+    if args.only != "trackers":
+        variants = mode_variants()
+        for mode in MODES:
+            report["modes"][mode] = run_mode(mode, variants, args.rounds, args.steps)
+    if args.only != "modes":
+        trackers = tracker_variants()
+        report["versions"] = {n: __import__(n).__version__ for n in TRACKERS if n in trackers}
+        report["trackers"] = run_mode("plain", trackers, args.rounds, args.steps, NO_TRACKER)
+    load["after"] = os.getloadavg()[0]
+    text = to_markdown(report)
+    print("\n" + text)
+    name = "trackers-cpu.json" if args.only == "trackers" else "overhead-cpu.json"
+    out = Path(args.out or Path("benchmarks/results") / name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-    out.with_suffix(".md").write_text("# Training-loop overhead on CPU\n\n" + table)
+    title = "Experiment trackers' cost" if args.only == "trackers" else "Training-loop overhead"
+    out.with_suffix(".md").write_text(f"# {title} on CPU\n\n" + text)
     print(f"wrote {out} and {out.with_suffix('.md')}")
 
 
