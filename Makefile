@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # Nothing here puts $(BIN) on PATH: the lessons and tests run as a kernel registered from the
 # venv does, and call commands through the interpreter (`!{sys.executable} -m nbaccel ...`).
 
-.PHONY: demo lessons lab test lint bench clean chromium
+.PHONY: demo lessons lab test lint bench clean chromium gpu-check
 
 # Reinstall whenever the pins or the declared dependencies change.
 $(STAMP): pyproject.toml constraints.txt
@@ -46,6 +46,15 @@ chromium:
 
 test: lint chromium
 	NBACCEL_BROWSER=$(BROWSER) $(BIN)/python -m pytest
+
+# The GPU tier (tests/gpu) and the GPU benchmarks (benchmarks/gpu.py), from this working tree with
+# a given interpreter and no venv: on a GPU machine, `make gpu-check PYTHON=python3` (at most 8
+# minutes on one GPU; results in benchmarks/results/gpu-*). Without PYTHON, the venv's when there
+# is one. Without CUDA the tier is collected and skipped, and the benchmarks say in one line that
+# they measured nothing.
+GPU_PYTHON := $(if $(filter command line,$(origin PYTHON)),$(PYTHON),$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)))
+gpu-check:
+	PYTHON=$(GPU_PYTHON) benchmarks/gpu-check.sh
 
 # The peers' columns need the bench extra (HF Accelerate, Lightning), pinned like the rest.
 bench: $(STAMP)
