@@ -1,6 +1,8 @@
 """Models, datasets and measuring tools the lesson notebooks share. Nothing downloads."""
 
+from . import gpu_figures
 from .data import load_digits, make_spirals
+from .gpu_figures import gpu_results
 from .models import MLP
 from .tools import AllReduceCounter, accuracy, gradient_bytes, machine, needs
 
@@ -8,6 +10,8 @@ __all__ = [
     "MLP",
     "AllReduceCounter",
     "accuracy",
+    "gpu_figures",
+    "gpu_results",
     "gradient_bytes",
     "load_digits",
     "machine",
