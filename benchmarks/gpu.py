@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benchmarks, by name
-from overhead import BATCH, LR, WIDTH, make_parts, revision
+from overhead import BATCH, LR, WIDTH, accelerator_epoch, make_parts, revision
 
 import nbaccel
 from nbaccel import projection
@@ -162,21 +162,6 @@ def raw_loop(device: torch.device, accum: int, precision: str):
         return epoch
 
     return build
-
-
-def accelerator_epoch(accelerator, model, optimizer, loader):
-    """One loop for nbaccel and HF Accelerate, as in ``overhead.py``."""
-
-    def epoch() -> float:
-        for x, y in loader:
-            with accelerator.accumulate(model):
-                loss = F.cross_entropy(model(x), y)
-                accelerator.backward(loss)
-                optimizer.step()
-                optimizer.zero_grad()
-        return loss.item()
-
-    return epoch
 
 
 def nbaccel_loop(device: torch.device, accum: int, precision: str):
