@@ -40,9 +40,10 @@ def resolve(log_with: Any, logging_dir: str | os.PathLike | None) -> list[str | 
             continue
         name = item.value if isinstance(item, LoggerType) else item
         if name == "all":
-            chosen += [n for n, (_, module, _) in BUILT_IN.items() if installed(module)]
-            if not chosen:
+            found = [n for n, (_, module, _) in BUILT_IN.items() if installed(module)]
+            if not found:
                 raise ImportError(f'log_with="all" found no tracker installed. {_install()}')
+            chosen += found
             continue
         if not isinstance(name, str) or name not in BUILT_IN:
             raise ValueError(
@@ -56,8 +57,11 @@ def resolve(log_with: Any, logging_dir: str | os.PathLike | None) -> list[str | 
             )
         chosen.append(name)
     for name in chosen:
-        needs = BUILT_IN[name][0] if isinstance(name, str) else name
-        if needs.requires_logging_directory and logging_dir is None and isinstance(name, str):
+        if (
+            isinstance(name, str)
+            and BUILT_IN[name][0].requires_logging_directory
+            and not logging_dir
+        ):
             raise ValueError(
                 f'log_with="{name}" writes files: give the Accelerator a folder for them, '
                 f'e.g. Accelerator(log_with="{name}", project_dir="runs").'
@@ -83,14 +87,14 @@ class Trackers:
         self.finish()  # a second init_trackers starts new runs
         init_kwargs, self.is_main = init_kwargs or {}, is_main
         for item in self.chosen:
-            if isinstance(item, GeneralTracker):
-                if self.is_main or not item.main_process_only:
-                    self.started.append(item)
+            kind = item if isinstance(item, GeneralTracker) else BUILT_IN[item][0]
+            if kind.main_process_only and not is_main:
                 continue
-            cls = BUILT_IN[item][0]
-            if self.is_main or not cls.main_process_only:
+            if isinstance(item, GeneralTracker):  # made by the user, on every rank
+                self.started.append(item)
+            else:
                 kwargs = dict(init_kwargs.get(item, {}))
-                self.started.append(cls(project_name, self.logging_dir, **kwargs))
+                self.started.append(kind(project_name, self.logging_dir, **kwargs))
         if config is not None:
             for tracker in self.started:
                 tracker.store_init_configuration(dict(config))
@@ -98,8 +102,6 @@ class Trackers:
     def log(
         self, values: Mapping[str, Any], step: int, log_kwargs: Mapping[str, Any] | None
     ) -> None:
-        if not self.started:
-            return
         for tracker in self.started:
             tracker.log(values, step, **dict((log_kwargs or {}).get(tracker.name, {})))
 
