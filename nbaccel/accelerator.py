@@ -30,10 +30,9 @@ from .accumulation import AccumulationWindow, GradientAccumulationPlugin, accumu
 from .data import DataLoaderConfiguration, prepare_dataloader
 from .env import DistEnv
 from .join import join_uneven
-from .launch_config import LaunchConfig
+from .launch_config import LaunchConfig, MixedPrecision, check_mode
 from .loader import LoopState, PreparedDataLoader
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
-from .precision import MixedPrecision, check_mode
 from .project import ProjectConfiguration
 from .saving import Checkpointing
 from .sharding import FSDPPlugin

@@ -1,24 +1,36 @@
-"""Every launch option, resolved once: ``LaunchConfig``.
+"""Every launch option, resolved once: ``LaunchConfig``, and the file of defaults behind it.
 
 ``notebook_launcher`` and ``nbaccel launch`` both build one with ``LaunchConfig.from_arguments``:
-an argument that was given wins, then the ``nbaccel config`` file's value (``Defaults``, which
-``config.py`` reads and writes), then the built-in default; the machine decides the rest (its
-GPUs). This is torch's ``distributed/run.py`` habit: the command line is a thin parser that
-builds the same config object as the Python API, so each option is checked here, once. Only the
-spelling of an error differs: ``num_processes=2`` for the API, ``--num-processes 2`` for the CLI.
+an argument that was given wins, then the ``nbaccel config`` file's value (``Defaults``, read by
+``load_config`` and written by ``save_config``), then the built-in default; the machine decides
+the rest (its GPUs). This is torch's ``distributed/run.py`` habit: the command line is a thin
+parser that builds the same config object as the Python API, so each option is checked here,
+once. Only the spelling of an error differs: ``num_processes=2`` for the API,
+``--num-processes 2`` for the CLI.
 
 The workers get the launch through their environment (``to_environ``) and read it back with
 ``LaunchConfig.from_environ``, so ``Accelerator()`` inside a worker needs no arguments.
+
+The vocabulary of the options is here too, one spelling each: the mixed-precision modes
+(``"no" | "fp16" | "bf16"``), the ZeRO stages, a length of time.
+
+The ``nbaccel config`` file is one JSON file at ``$NBACCEL_CONFIG``, else
+``$XDG_CONFIG_HOME/nbaccel/config.json``, else ``~/.config/nbaccel/config.json``, holding a
+``Defaults``. Arguments given to a launch always win over it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import InitVar, dataclass
+from dataclasses import InitVar, asdict, dataclass, fields
+from pathlib import Path
+from typing import Literal, get_args
 
 from .env import (
+    CONFIG_VAR,
     CPU_VAR,
     DEEPSPEED_VAR,
     FSDP_VAR,
@@ -27,8 +39,9 @@ from .env import (
     threads_per_worker,
     visible_gpus,
 )
-from .precision import MODES, check_mode
 
+MixedPrecision = Literal["no", "fp16", "bf16"]
+MODES: tuple[str, ...] = get_args(MixedPrecision)
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -233,6 +246,15 @@ class LaunchConfig:
 
 
 # -- the checks, each written once ---------------------------------------------------------------
+def check_mode(mode: object) -> str:
+    if mode not in MODES:
+        raise ValueError(
+            f"mixed_precision={mode!r} is not one of {', '.join(map(repr, MODES))}. "
+            'Use "no" for float32, "bf16" or "fp16" for mixed precision.'
+        )
+    return mode  # type: ignore[return-value]
+
+
 def check_seconds(name: str, value: object, example: str, none: str | None = None) -> float | None:
     """A launch's length of time: a positive, finite number of seconds (``example`` is the
     default), or ``None`` where ``none`` says what None means."""
@@ -312,3 +334,40 @@ def _flag(environ: Mapping[str, str], name: str) -> bool | None:
     if value not in ("", "0", "1"):
         raise ValueError(f"the environment variable {name}={value!r} must be 1, 0 or unset")
     return None if value == "" else value == "1"
+
+
+# -- the `nbaccel config` file -------------------------------------------------------------------
+def config_path() -> Path:
+    if os.environ.get(CONFIG_VAR):
+        return Path(os.environ[CONFIG_VAR])
+    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(base) / "nbaccel" / "config.json"
+
+
+def load_config(path: Path | None = None) -> Defaults:
+    """The saved defaults, or the built-in ones when no file exists."""
+    path = path or config_path()
+    if not path.is_file():
+        return Defaults()
+    try:
+        data = json.loads(path.read_text())
+        known = {f.name for f in fields(Defaults)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        return Defaults(**data)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"the nbaccel config file {path} is invalid: {err}. Fix it, or rewrite it with "
+            "`nbaccel config --default`."
+        ) from err
+
+
+def save_config(config: Defaults, path: Path | None = None) -> Path:
+    """Write atomically (temporary file, then rename): a crash never leaves half a file."""
+    path = path or config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(asdict(config), indent=2) + "\n")
+    os.replace(tmp, path)
+    return path

@@ -49,12 +49,11 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from .config import load_config
 from .display import LiveView
 from .env import device_label
 from .errors import LaunchError, NbaccelError, RankFailure
 from .hang import check_stall_warning
-from .launch_config import LaunchConfig, check_seconds
+from .launch_config import LaunchConfig, check_seconds, load_config
 from .metrics import local_run
 from .protocol import pack_call
 from .rendezvous import loopback_interface, rendezvous

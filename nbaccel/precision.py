@@ -16,23 +16,14 @@ works on both.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING
+
+from .launch_config import MixedPrecision, check_mode
 
 if TYPE_CHECKING:
     import torch
 
-MixedPrecision = Literal["no", "fp16", "bf16"]
-MODES: tuple[str, ...] = get_args(MixedPrecision)
 _DTYPES = {"no": None, "fp16": "float16", "bf16": "bfloat16"}  # torch's names; torch loads late
-
-
-def check_mode(mode: object) -> str:
-    if mode not in MODES:
-        raise ValueError(
-            f"mixed_precision={mode!r} is not one of {', '.join(map(repr, MODES))}. "
-            'Use "no" for float32, "bf16" or "fp16" for mixed precision.'
-        )
-    return mode  # type: ignore[return-value]
 
 
 class Precision:

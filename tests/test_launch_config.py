@@ -9,9 +9,8 @@ import pytest
 
 from nbaccel import notebook_launcher
 from nbaccel.cli import main
-from nbaccel.config import load_config
 from nbaccel.env import CPU_VAR, DEEPSPEED_VAR, FSDP_VAR, MIXED_PRECISION_VAR
-from nbaccel.launch_config import FLAGS, KEYWORDS, Defaults, LaunchConfig
+from nbaccel.launch_config import FLAGS, KEYWORDS, Defaults, LaunchConfig, load_config
 
 
 def resolve(defaults: Defaults | None = None, gpus: int = 0, **arguments) -> LaunchConfig:

@@ -24,9 +24,8 @@ import tempfile
 
 from ..env import PANEL_VAR, STACKS_VAR
 from ..hang import Report, ask
-from ..launch_config import FLAGS, LaunchConfig
+from ..launch_config import FLAGS, MODES, LaunchConfig
 from ..launch_config import check_gpus as launch_check_gpus
-from ..precision import MODES
 from . import UsageError, positive_int, saved_config
 from .torchrun import run_torchrun
 
