@@ -27,10 +27,10 @@ from torch.utils.data import DataLoader
 
 from . import breakdown, collectives
 from .accumulation import AccumulationWindow, GradientAccumulationPlugin, accumulation_plugin
+from .config import LaunchConfig, MixedPrecision, check_mode
 from .data import DataLoaderConfiguration, prepare_dataloader
 from .env import DistEnv
 from .join import join_uneven
-from .launch_config import LaunchConfig, MixedPrecision, check_mode
 from .loader import LoopState, PreparedDataLoader
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .project import ProjectConfiguration

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 # Every NBACCEL_* variable, in one place.
 #: Launch options travel to workers in the environment, so ``Accelerator()`` needs no arguments
-#: (``launch_config.LaunchConfig.to_environ`` writes them, ``from_environ`` reads them back).
+#: (``config.LaunchConfig.to_environ`` writes them, ``from_environ`` reads them back).
 MIXED_PRECISION_VAR = "NBACCEL_MIXED_PRECISION"
 CPU_VAR = "NBACCEL_CPU"  # "1": use the CPU even where GPUs are visible
 FSDP_VAR = "NBACCEL_FSDP"  # "1": Accelerator() shards with FSDP2's defaults

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
-from .launch_config import check_seconds
+from .config import check_seconds
 from .metrics import STEPS
 from .run import Run
 from .stacks import COLLECT_SECONDS, Frame, RankStack, collect, socket_path

@@ -22,7 +22,7 @@ matter: no worker is a fork of the kernel. The price: the server's own memory, a
 (PSS) per kernel; the workers' memory equals bare fork's.
 
 Options: the arguments, the ``nbaccel config`` file and the machine resolve into one
-``LaunchConfig`` (``launch_config.py``), the same one ``nbaccel launch`` builds; the workers read
+``LaunchConfig`` (``config.py``), the same one ``nbaccel launch`` builds; the workers read
 it back from their environment. Rendezvous: the launching process hosts torch's TCPStore, on
 loopback unless ``num_nodes > 1`` (``rendezvous.py``); it goes away when the launch ends.
 
@@ -49,11 +49,11 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
+from .config import LaunchConfig, check_seconds, load_config
 from .display import LiveView
 from .env import device_label
 from .errors import LaunchError, NbaccelError, RankFailure
 from .hang import check_stall_warning
-from .launch_config import LaunchConfig, check_seconds, load_config
 from .metrics import local_run
 from .protocol import pack_call
 from .rendezvous import loopback_interface, rendezvous

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from .launch_config import MixedPrecision, check_mode
+from .config import MixedPrecision, check_mode
 
 if TYPE_CHECKING:
     import torch

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from . import collectives
 from .breakdown import Breakdown, communicating
 from .collectives import Reduction
+from .config import LaunchConfig
 from .env import DistEnv, backend_for, choose_device
-from .launch_config import LaunchConfig
 from .stacks import listen_from_environ
 
 

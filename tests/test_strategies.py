@@ -10,7 +10,7 @@ import torch
 import nbaccel.strategies as strategies
 from nbaccel import Accelerator, DeepSpeedPlugin, FSDPPlugin
 from nbaccel.accumulation import AccumulationWindow, GradientAccumulationPlugin
-from nbaccel.launch_config import LaunchConfig
+from nbaccel.config import LaunchConfig
 from nbaccel.strategies import DDP, FSDP, DeepSpeed, Strategy, choose
 
 NONE = {"fsdp_plugin": None, "deepspeed_plugin": None}

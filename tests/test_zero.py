@@ -22,7 +22,7 @@ from nbaccel import (
     set_seed,
     zero,
 )
-from nbaccel.launch_config import LaunchConfig, resolve_sharding
+from nbaccel.config import LaunchConfig, resolve_sharding
 from nbaccel.zero import build_config
 
 from .distributed import run_ranks

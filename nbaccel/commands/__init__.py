@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..config import Defaults, load_config
 from ..errors import NbaccelError
-from ..launch_config import Defaults, load_config
 
 
 class CommandError(NbaccelError):

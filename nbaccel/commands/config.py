@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import TypeVar
 
-from ..launch_config import MODES, Defaults, config_path, load_config, save_config
+from ..config import MODES, Defaults, config_path, load_config, save_config
 from . import CommandError, UsageError, positive_int, saved_config
 
 T = TypeVar("T")

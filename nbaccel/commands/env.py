@@ -9,8 +9,8 @@ import platform
 import sys
 from dataclasses import asdict
 
+from ..config import config_path, load_config
 from ..env import usable_cores, visible_gpus
-from ..launch_config import config_path, load_config
 
 
 def env_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

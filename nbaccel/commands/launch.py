@@ -2,7 +2,7 @@
 
 This builds a ``torchrun`` command line (``python -m torch.distributed.run``), the engine that
 also scales to many nodes. The flags become the same ``LaunchConfig`` that ``notebook_launcher``
-builds (defaults from ``nbaccel config``, every check in ``launch_config.py``), whose variables
+builds (defaults from ``nbaccel config``, every check in ``config.py``), whose variables
 (``NBACCEL_MIXED_PRECISION``, ``NBACCEL_CPU``...) ``Accelerator()`` reads in each process; a
 failed run ends with one line that names the failing rank and its exit code.
 
@@ -22,10 +22,10 @@ import signal
 import sys
 import tempfile
 
+from ..config import FLAGS, MODES, LaunchConfig
+from ..config import check_gpus as launch_check_gpus
 from ..env import PANEL_VAR, STACKS_VAR
 from ..hang import Report, ask
-from ..launch_config import FLAGS, MODES, LaunchConfig
-from ..launch_config import check_gpus as launch_check_gpus
 from . import UsageError, positive_int, saved_config
 from .torchrun import run_torchrun
 

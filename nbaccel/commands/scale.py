@@ -13,7 +13,7 @@ import importlib.util
 import os
 import sys
 
-from ..launch_config import MODES
+from ..config import MODES
 from . import CommandError, positive_int
 
 

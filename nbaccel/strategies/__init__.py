@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..launch_config import LaunchConfig
+from ..config import LaunchConfig
 from ..sharding import FSDPPlugin
 from ..zero import DeepSpeedPlugin
 from .base import Strategy

@@ -9,8 +9,8 @@ import pytest
 
 from nbaccel import notebook_launcher
 from nbaccel.cli import main
+from nbaccel.config import FLAGS, KEYWORDS, Defaults, LaunchConfig, load_config
 from nbaccel.env import CPU_VAR, DEEPSPEED_VAR, FSDP_VAR, MIXED_PRECISION_VAR
-from nbaccel.launch_config import FLAGS, KEYWORDS, Defaults, LaunchConfig, load_config
 
 
 def resolve(defaults: Defaults | None = None, gpus: int = 0, **arguments) -> LaunchConfig:
@@ -79,7 +79,7 @@ def test_each_check_speaks_the_language_of_whoever_asked(arguments, error, keywo
 
 def test_notebook_launcher_and_nbaccel_launch_share_the_gpu_check(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("NBACCEL_CONFIG", str(tmp_path / "none.json"))
-    monkeypatch.setattr("nbaccel.launch_config.visible_gpus", lambda: 1)  # a one-GPU machine
+    monkeypatch.setattr("nbaccel.config.visible_gpus", lambda: 1)  # a one-GPU machine
     with pytest.raises(ValueError, match=r"num_processes=2 but this machine has 1 visible GPU"):
         notebook_launcher(print, num_processes=2)
     with pytest.raises(SystemExit) as exit:
