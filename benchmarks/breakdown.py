@@ -98,8 +98,8 @@ def ddp_hook(rounds: int, steps: int = 200) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from nbaccel.breakdown import Breakdown, timed_allreduce
     from nbaccel.lessons import MLP
+    from nbaccel.observe.breakdown import Breakdown, timed_allreduce
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)

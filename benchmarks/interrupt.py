@@ -34,7 +34,7 @@ import torch
 
 import nbaccel
 from nbaccel import notebook_launcher, supervisor
-from nbaccel.hang import report
+from nbaccel.observe.hang import report
 
 SETTLE = 0.3  # seconds after rank 0's file, so that it is inside the all-reduce
 

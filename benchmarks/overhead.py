@@ -14,8 +14,8 @@ of both. Wall time (``perf_counter``) is the measure; the ratio of process CPU t
 beside it, as it ignores the time other programs held the CPU. "raw again", a second copy of
 the raw loop, shows how far from 1 a ratio strays with no difference in the code at all.
 
-The time breakdown (``nbaccel.breakdown``, on by default) is measured as a pair: "nbaccel" with
-it and "nbaccel, no breakdown" (``NBACCEL_BREAKDOWN=0``), and the paired ratio of the two in
+The time breakdown (``nbaccel.observe.breakdown``, on by default) is measured as a pair: "nbaccel"
+with it and "nbaccel, no breakdown" (``NBACCEL_BREAKDOWN=0``), and the paired ratio of the two in
 each round is the breakdown's cost (reported below the table).
 
 The experiment trackers are measured the same way, in the "plain" mode: nbaccel's loop logging
@@ -52,7 +52,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import nbaccel
 from nbaccel.env import BREAKDOWN_VAR
-from nbaccel.tracking import installed
+from nbaccel.observe.trackers.general import installed
 
 MODES = {"plain": (1, "no"), "accumulation 4": (4, "no"), "bf16": (1, "bf16")}  # accum, precision
 WIDTH, BATCH, LR = 512, 64, 1e-3

@@ -2,8 +2,8 @@
 
 >>> from nbaccel import Accelerator, notebook_launcher, set_seed
 
-Names are imported on first use, so ``import nbaccel.display`` (or the CLI) does not pay for
-torch.
+Names are imported on first use, so ``import nbaccel.observe.live`` (or the CLI) does not pay
+for torch.
 """
 
 from __future__ import annotations
@@ -25,15 +25,16 @@ _EXPORTS = {
     "LaunchError": "errors",
     "NbaccelError": "errors",
     "notebook_launcher": "launcher",
-    "Run": "run",
-    "LiveView": "display",
+    "Run": "observe.records",
+    "LiveView": "observe.live.view",
     "measure_scaling": "scaling",
-    "Tracker": "tracker",
+    "Recorder": "observe.rank_recorder",
+    "Tracker": "observe.rank_recorder",  # Recorder's old name
     "FSDPPlugin": "sharding",
     "DeepSpeedPlugin": "zero",
     "ProjectConfiguration": "project",
-    "GeneralTracker": "tracking",
-    "LoggerType": "tracking",
+    "GeneralTracker": "observe.trackers.general",
+    "LoggerType": "observe.trackers.general",
 }
 __all__ = [
     "Accelerator",
@@ -50,6 +51,7 @@ __all__ = [
     "NbaccelError",
     "PartialState",
     "ProjectConfiguration",
+    "Recorder",
     "Run",
     "Tracker",
     "measure_scaling",
@@ -61,17 +63,17 @@ __all__ = [
 if TYPE_CHECKING:
     from .accelerator import Accelerator
     from .data import DataLoaderConfiguration
-    from .display import LiveView
     from .errors import CheckpointError, LaunchError, NbaccelError
     from .launcher import notebook_launcher
+    from .observe.live.view import LiveView
+    from .observe.rank_recorder import Recorder, Tracker
+    from .observe.records import Run
+    from .observe.trackers.general import GeneralTracker, LoggerType
     from .optim import GradientAccumulationPlugin
     from .project import ProjectConfiguration
-    from .run import Run
     from .scaling import measure_scaling
     from .sharding import FSDPPlugin
     from .state import DistributedType, PartialState
-    from .tracker import Tracker
-    from .tracking import GeneralTracker, LoggerType
     from .utils import send_to_device, set_seed
     from .zero import DeepSpeedPlugin
 

@@ -25,27 +25,28 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
-from . import breakdown, collectives
+from . import collectives
 from .accumulation import AccumulationWindow, GradientAccumulationPlugin, accumulation_plugin
 from .config import LaunchConfig, MixedPrecision, check_mode
 from .data import DataLoaderConfiguration, prepare_dataloader
 from .env import DistEnv
 from .join import join_uneven
 from .loader import LoopState, PreparedDataLoader
+from .observe import breakdown
+from .observe.rank_recorder import Recorder
+from .observe.trackers.log_with import Trackers
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .project import ProjectConfiguration
 from .saving import Checkpointing
 from .sharding import FSDPPlugin
 from .state import DistributedType, PartialState
 from .strategies import choose
-from .tracker import Tracker
-from .tracking_setup import Trackers
 from .utils import set_seed  # noqa: F401  (its old home; nbaccel.set_seed is the same)
 from .zero import DeepSpeedPlugin  # DeepSpeed itself loads on demand
 
 if TYPE_CHECKING:
-    from .display import LiveView
-    from .run import Run
+    from .observe.live.view import LiveView
+    from .observe.records import Run
 
 
 class Accelerator(Checkpointing, PartialState):
@@ -73,7 +74,7 @@ class Accelerator(Checkpointing, PartialState):
             (``nbaccel.zero``). A launch with ``zero_stage=N`` (``nbaccel launch --deepspeed
             --zero-stage N``) makes ``DeepSpeedPlugin(zero_stage=N)`` the default.
         log_with: experiment trackers (``"tensorboard"``, ``"mlflow"``, ``"wandb"``, ``"all"``,
-            a list, or ``GeneralTracker`` objects: ``nbaccel.tracking``), started by
+            a list, or ``GeneralTracker`` objects: ``nbaccel.observe.trackers``), started by
             ``init_trackers``; ``log`` writes to them on the main process.
         project_dir, project_config: the run's folder, for the trackers' files and for
             checkpoints that name themselves (``nbaccel.project.ProjectConfiguration``).
@@ -127,14 +128,14 @@ class Accelerator(Checkpointing, PartialState):
         try:
             self.strategy = kind(chosen, self, mixed_precision, precision_given, plugin)
             self.precision = self.strategy.precision
-            self.tracker = Tracker(live=live, device=self.device, breakdown=self._breakdown)
+            self.recorder = Recorder(live=live, device=self.device, breakdown=self._breakdown)
         except BaseException:
             self.destroy_process_group()  # nothing half-made outlives a refused Accelerator
             raise
         self._window = AccumulationWindow(
-            self.strategy.accumulation_steps, plugin, on_step=self.tracker.count
+            self.strategy.accumulation_steps, plugin, on_step=self.recorder.count
         )
-        self.run: Run | None = self.tracker.run
+        self.run: Run | None = self.recorder.run
         self._loop = LoopState()
         self._total_steps: int | None = None
 
@@ -214,8 +215,8 @@ class Accelerator(Checkpointing, PartialState):
         if isinstance(obj, torch.optim.Optimizer):
             return _kept(self._optimizers, self.strategy.prepare_optimizer(obj, self._window))
         if isinstance(obj, DataLoader):
-            config, loop = self.dataloader_config, self._loop  # counted by the tracker
-            loader = prepare_dataloader(obj, self.env, self.device, config, loop, self.tracker)
+            config, loop = self.dataloader_config, self._loop  # counted by the recorder
+            loader = prepare_dataloader(obj, self.env, self.device, config, loop, self.recorder)
             return _kept(self._dataloaders, loader)
         if isinstance(obj, LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau):
             batches = 1 if self.split_batches else self.num_processes
@@ -318,11 +319,11 @@ class Accelerator(Checkpointing, PartialState):
         ``log_kwargs``: per tracker, ``{"wandb": {...}}``. Never blocks training.
         """
         if not self._trackers.chosen:
-            self.tracker.log(values, step)
+            self.recorder.log(values, step)
             return
         other = {k: v for k, v in values.items() if isinstance(v, str | Mapping)}  # trackers'
-        numbers = self.tracker.log({k: v for k, v in values.items() if k not in other}, step)
-        steps = self._steps_before + self.tracker.optimizer_steps
+        numbers = self.recorder.log({k: v for k, v in values.items() if k not in other}, step)
+        steps = self._steps_before + self.recorder.optimizer_steps
         self._trackers.log({**numbers, **other}, steps if step is None else step, log_kwargs)
 
     def init_trackers(
@@ -332,6 +333,11 @@ class Accelerator(Checkpointing, PartialState):
         process), recording ``config``, the hyperparameters; ``init_kwargs`` go to each
         library, e.g. ``{"wandb": {"entity": "me"}}``. Every rank may call it."""
         self._trackers.start(project_name, config, init_kwargs, self.is_main_process)
+
+    @property
+    def tracker(self) -> Recorder:
+        """``recorder``'s old name (a *tracker* is now only Accelerate's kind: ``trackers``)."""
+        return self.recorder
 
     @property
     def trackers(self) -> list:
@@ -352,7 +358,7 @@ class Accelerator(Checkpointing, PartialState):
     @total_steps.setter
     def total_steps(self, value: int) -> None:
         self._total_steps = value
-        self.tracker.total_steps = -(-value // self.gradient_accumulation_steps)
+        self.recorder.total_steps = -(-value // self.gradient_accumulation_steps)
 
     # -- models and checkpoints ------------------------------------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True):
@@ -366,7 +372,7 @@ class Accelerator(Checkpointing, PartialState):
     def end_training(self) -> None:
         """Send the last metrics, draw the final view, finish the trackers, and destroy the
         process group this Accelerator created (safe to call twice)."""
-        self.tracker.close()
+        self.recorder.close()
         self._trackers.finish()
         self.destroy_process_group()
 

@@ -54,7 +54,7 @@ from .tensors import has_tensor, map_tensors, send_to_device, to_cpu
 
 if TYPE_CHECKING:
     from .env import DistEnv
-    from .tracker import Tracker
+    from .observe.rank_recorder import Recorder
 
 __all__ = [  # the tensor helpers and samplers live in their own modules; importable from here
     "DataLoaderConfiguration",
@@ -140,10 +140,10 @@ def prepare_dataloader(
     device: torch.device,
     config: DataLoaderConfiguration,
     state: LoopState,
-    tracker: Tracker | None = None,
+    recorder: Recorder | None = None,
 ) -> PreparedDataLoader:
     """What ``Accelerator.prepare`` makes of a DataLoader: this rank's shard, on ``device``,
-    counted by ``tracker`` (samples, epochs, and the time spent waiting for batches)."""
+    counted by ``recorder`` (samples, epochs, and the time spent waiting for batches)."""
     rank, world_size = env.rank, env.world_size
     if config.use_seedable_sampler and config.data_seed is None and world_size > 1:
         # every rank must shuffle alike, seeded by the user or not (Accelerate takes each
@@ -157,16 +157,16 @@ def prepare_dataloader(
         return int(collectives.broadcast(seed.to(device)).item())
 
     sharded = shard_dataloader(loader, rank, world_size, shared_seed, config)
-    if tracker is None:
+    if recorder is None:
         return PreparedDataLoader(sharded, device, state, non_blocking=config.non_blocking)
     return PreparedDataLoader(
         sharded,
         device,
         state,
-        tracker.count,
-        tracker.epoch_done,
+        recorder.count,
+        recorder.epoch_done,
         non_blocking=config.non_blocking,
-        breakdown=tracker.breakdown,
+        breakdown=recorder.breakdown,
     )
 
 

@@ -22,6 +22,7 @@ import socket
 import sys
 
 from .env import CHANNEL_VAR
+from .observe.stacks import listen_from_environ
 from .protocol import (
     FDS_PER_WORKER,
     ExceptionData,
@@ -37,7 +38,6 @@ from .protocol import (
     send,
     unpack_call,
 )
-from .stacks import listen_from_environ
 
 
 # -- the server ----------------------------------------------------------------------------------
@@ -159,7 +159,7 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
     import torch.distributed as dist
 
     from .data import to_cpu
-    from .metrics import flush_all
+    from .observe.channel import flush_all
 
     faulthandler.enable()  # a segfault still prints a Python traceback into the cell
     os.environ.clear()

@@ -50,14 +50,14 @@ from contextlib import contextmanager
 from typing import Any, Literal
 
 from .config import LaunchConfig, check_seconds, load_config
-from .display import LiveView
 from .env import device_label
 from .errors import LaunchError, NbaccelError, RankFailure
-from .hang import check_stall_warning
-from .metrics import local_run
+from .observe.channel import local_run
+from .observe.hang import check_stall_warning
+from .observe.live.view import LiveView
+from .observe.records import Run
 from .protocol import pack_call
 from .rendezvous import loopback_interface, rendezvous
-from .run import Run
 from .supervisor import Launch, LaunchSpec
 
 START_METHODS = ("forkserver", "spawn")

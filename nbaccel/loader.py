@@ -25,7 +25,7 @@ from .samplers import Replay, ShardedBatchSampler, fixed_batch_size
 from .tensors import send_to_device
 
 if TYPE_CHECKING:
-    from .breakdown import Breakdown
+    from .observe.breakdown import Breakdown
 
 logger = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .accumulation import AccumulationWindow, GradientAccumulationPlugin
-from .breakdown import computing
+from .observe.breakdown import computing
 
 if TYPE_CHECKING:
-    from .breakdown import Breakdown
+    from .observe.breakdown import Breakdown
     from .precision import Precision
 
 __all__ = ["AcceleratedOptimizer", "AcceleratedScheduler", "GradientAccumulationPlugin"]

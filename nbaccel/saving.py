@@ -16,11 +16,11 @@ from . import checkpoint, project
 from .loader import PreparedDataLoader, SkippedDataLoader
 
 if TYPE_CHECKING:
+    from .observe.rank_recorder import Recorder
+    from .observe.trackers.log_with import Trackers
     from .optim import AcceleratedOptimizer, AcceleratedScheduler
     from .project import ProjectConfiguration
     from .strategies.base import Strategy
-    from .tracker import Tracker
-    from .tracking_setup import Trackers
 
 
 class Checkpointing:
@@ -28,7 +28,7 @@ class Checkpointing:
 
     strategy: Strategy
     project_configuration: ProjectConfiguration
-    tracker: Tracker
+    recorder: Recorder
     _models: list[torch.nn.Module]
     _optimizers: list[AcceleratedOptimizer]
     _schedulers: list[AcceleratedScheduler]
@@ -91,7 +91,7 @@ class Checkpointing:
             barrier=self.wait_for_everyone,
             custom=self._registered,
             loaders=self._dataloaders,
-            counters={"optimizer_steps": self._steps_before + self.tracker.optimizer_steps},
+            counters={"optimizer_steps": self._steps_before + self.recorder.optimizer_steps},
         )
         if output_dir is None:
             project.saved(config, folder, self.is_main_process)
@@ -111,7 +111,7 @@ class Checkpointing:
         )
         self.step = checkpoint.restore(state, schedulers, self.scaler, self.rank, **extra)
         steps = state["manifest"].get("optimizer_steps", 0)  # the trackers' step counts on
-        self._steps_before = steps - self.tracker.optimizer_steps
+        self._steps_before = steps - self.recorder.optimizer_steps
 
     def _checkpointed(self) -> tuple[list, list, list]:
         """The user's models, optimizers and schedulers, as a checkpoint holds them."""

@@ -38,8 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .metrics import BREAKDOWN
-from .run import Run, Timing
+from .observe.channel import BREAKDOWN
+from .observe.records import Run, Timing
 
 __all__ = ["Scaling", "Timing", "measure_scaling", "timing"]
 
@@ -160,7 +160,7 @@ class Scaling:
         display(Image(self._repr_png_()))
 
     def _repr_png_(self) -> bytes:
-        from .display import to_png
+        from .observe.live.view import to_png
 
         return to_png(self.figure())
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from .breakdown_view import COLOURS
-from .display import loss_name
-from .metrics import BREAKDOWN
+from .observe.channel import BREAKDOWN
+from .observe.live.bars import COLOURS
+from .observe.live.view import loss_name
 
 if TYPE_CHECKING:
     from .scaling import Scaling

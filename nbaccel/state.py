@@ -26,11 +26,11 @@ import torch
 import torch.distributed as dist
 
 from . import collectives
-from .breakdown import Breakdown, communicating
 from .collectives import Reduction
 from .config import LaunchConfig
 from .env import DistEnv, backend_for, choose_device
-from .stacks import listen_from_environ
+from .observe.breakdown import Breakdown, communicating
+from .observe.stacks import listen_from_environ
 
 
 class DistributedType(str, enum.Enum):
@@ -69,7 +69,7 @@ class PartialState:
             (``notebook_launcher(cpu=True)``, ``nbaccel launch --cpu``), else False.
     """
 
-    #: The Accelerator's ``nbaccel.breakdown``, which counts the collectives below as
+    #: The Accelerator's ``nbaccel.observe.breakdown``, which counts the collectives below as
     #: communication; a bare PartialState times nothing.
     _breakdown: Breakdown | None = None
 

@@ -27,10 +27,10 @@ from typing import Any, Literal
 from .env import STACKS_VAR
 from .errors import LaunchError, RankFailure, by_priority, root_cause_report
 from .forkserver_client import ForkServer, shared_server
-from .hang import Report, Stall, ask
-from .metrics import decode as decode_records
+from .observe.channel import decode as decode_records
+from .observe.hang import Report, Stall, ask
+from .observe.records import Run
 from .protocol import Exited, Failure, Message, Result, WorkerSpec, decode
-from .run import Run
 
 GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL when stopping workers
 

@@ -30,9 +30,9 @@ from .collectives import (
 )
 from .data import DataLoaderConfiguration
 from .env import DistEnv
+from .observe.trackers.general import LoggerType
 from .project import ProjectConfiguration
 from .state import DistributedType, PartialState
-from .tracking import LoggerType
 
 __all__ = [
     "DataLoaderConfiguration",

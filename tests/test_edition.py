@@ -198,9 +198,9 @@ def test_no_arabic_reaches_a_plot(english):
 
 
 def test_the_live_panel_has_no_arabic_text():
-    from nbaccel.display import Panel
-    from nbaccel.metrics import Record
-    from nbaccel.run import Run
+    from nbaccel.observe.channel import Record
+    from nbaccel.observe.live.view import Panel
+    from nbaccel.observe.records import Run
 
     run = Run(world_size=2)
     run.add([Record(rank, 0, 0.0, "loss", 1.0) for rank in (0, 1)])

@@ -1,7 +1,7 @@
 """One-way imports: what is imported where, checked in a fresh interpreter.
 
-Data flows worker -> ``metrics`` (channel) -> ``run`` (records) -> ``display``: the display is
-imported only where something draws, and a worker that sends its numbers never imports it.
+Data flows worker -> ``channel`` -> ``records`` -> ``live`` (the view): the view is imported
+only where something draws, and a worker that sends its numbers never imports it.
 The projection model imports neither torch nor its figure; the notebook build tooling is
 outside the package.
 """
@@ -39,31 +39,46 @@ def imported_after(code: str, env: dict[str, str] | None = None) -> set[str]:
     return set(json.loads(done.stdout.splitlines()[-1]))
 
 
-def test_the_channel_and_the_records_import_no_display():
-    loaded = imported_after("import nbaccel.metrics, nbaccel.run")
-    assert "nbaccel.run" in loaded and "nbaccel.display" not in loaded
-    assert not any(m.startswith(("torch", "matplotlib")) for m in loaded)
+def test_the_channel_and_the_records_import_no_view():
+    loaded = imported_after("import nbaccel.observe.channel, nbaccel.observe.records")
+    assert "nbaccel.observe.records" in loaded
+    assert not any(m.startswith(("nbaccel.observe.live", "torch", "matplotlib")) for m in loaded)
 
 
-def test_a_run_draws_through_the_display_when_asked():
+def test_a_run_draws_through_the_panel_when_asked():
     loaded = imported_after(
-        "from nbaccel.metrics import Record\nfrom nbaccel.run import Run\n"
+        "from nbaccel.observe.channel import Record\nfrom nbaccel.observe.records import Run\n"
         "run = Run(); run.add([Record(0, 0, 0.0, 'loss', 1.0)]); run.figure()"
     )
-    assert {"nbaccel.display", "matplotlib"} <= loaded
+    assert {"nbaccel.observe.live.view", "matplotlib"} <= loaded
 
 
-def test_a_worker_that_sends_its_numbers_never_imports_the_display():
+def test_the_live_view_imports_no_torch():
+    """Every module of ``observe/live`` imported, and a panel drawn: torch never loads, so the
+    launching process draws without paying for it."""
+    loaded = imported_after(
+        "import pkgutil, importlib, nbaccel.observe.live as live\n"
+        "for m in pkgutil.iter_modules(live.__path__):\n"
+        "    importlib.import_module(f'{live.__name__}.{m.name}')\n"
+        "from nbaccel.observe.channel import Record\nfrom nbaccel.observe.records import Run\n"
+        "run = Run(); run.add([Record(0, 0, 0.0, 'loss', 1.0)]); run.figure()"
+    )
+    assert {"nbaccel.observe.live.view", "matplotlib"} <= loaded
+    assert not any(m.startswith("torch") for m in loaded)
+
+
+def test_a_worker_that_sends_its_numbers_never_imports_the_view():
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         env = {**os.environ, "NBACCEL_METRICS_FD": str(theirs.fileno()), "RANK": "0"}
         code = (
-            "from nbaccel.tracker import Tracker\n"
-            "t = Tracker(total_steps=3)\n"
+            "from nbaccel.observe.rank_recorder import Recorder\n"
+            "t = Recorder(total_steps=3)\n"
             "for i in range(3): t.log({'loss': 1.0 / (i + 1)}, samples=4)\n"
             "t.close()"
         )
-        probe = f"{code}\nimport sys\nprint('nbaccel.display' in sys.modules)"
+        seen = "any(m.startswith('nbaccel.observe.live') for m in sys.modules)"
+        probe = f"{code}\nimport sys\nprint({seen})"
         done = subprocess.run(
             [sys.executable, "-c", probe],
             capture_output=True,
@@ -80,14 +95,14 @@ def test_a_worker_that_sends_its_numbers_never_imports_the_display():
         theirs.close()
 
 
-def test_a_tracker_with_nobody_listening_draws_on_the_main_process():
+def test_a_recorder_with_nobody_listening_draws_on_the_main_process():
     code = (
-        "from nbaccel.tracker import Tracker\n"
-        "t = Tracker(total_steps=2, clock=iter(range(100)).__next__)\n"
+        "from nbaccel.observe.rank_recorder import Recorder\n"
+        "t = Recorder(total_steps=2, clock=iter(range(100)).__next__)\n"
         "t.log({'loss': 1.0}); t.log({'loss': 0.5}); t.close()"
     )
     env = {k: v for k, v in os.environ.items() if k != "NBACCEL_METRICS_FD"}
-    assert "nbaccel.display" in imported_after(code, env)
+    assert "nbaccel.observe.live.view" in imported_after(code, env)
 
 
 def test_the_projection_model_imports_neither_torch_nor_its_figure():
@@ -99,7 +114,7 @@ def test_the_projection_model_imports_neither_torch_nor_its_figure():
     assert not loaded & {"nbaccel.projection.view", "nbaccel.projection.calibration"}
     assert not any(m.startswith(("torch", "matplotlib")) for m in loaded)
     drawn = imported_after("from nbaccel.projection import figure")
-    assert "nbaccel.projection.view" in drawn and "nbaccel.display" not in drawn
+    assert "nbaccel.projection.view" in drawn and "nbaccel.observe.live.view" not in drawn
 
 
 def test_the_collectives_are_one_module_that_utils_re_exports():

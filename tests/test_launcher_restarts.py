@@ -103,7 +103,7 @@ def test_a_timeout_is_not_restarted(tmp_path, capfd):
 def test_a_stop_from_the_user_is_not_restarted(tmp_path):
     import io
 
-    from nbaccel.display import ConsoleFrontend, LiveView
+    from nbaccel.observe.live.view import ConsoleFrontend, LiveView
 
     class Interrupts(LiveView):
         """Ctrl-C (or the kernel's interrupt) while the launcher redraws the view."""

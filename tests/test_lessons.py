@@ -77,9 +77,9 @@ def make_notebook(path, *sources: str, tag_last: bool = False) -> None:
 
 PANEL = """
 from IPython.display import Image, display
-from nbaccel.display import png
-from nbaccel.metrics import Record
-from nbaccel.run import Run
+from nbaccel.observe.live.view import png
+from nbaccel.observe.channel import Record
+from nbaccel.observe.records import Run
 run = Run()
 run.add([Record(0, s, 100.0 + s, "loss", 1 / (s + 1)) for s in range(5)])
 display(Image(png(run)))

@@ -22,10 +22,10 @@ import torch
 
 from nbaccel import Accelerator, CheckpointError, ProjectConfiguration
 from nbaccel.checkpoint import MANIFEST
+from nbaccel.observe.trackers.general import installed
 from nbaccel.project import newest
-from nbaccel.tracking import installed
 
-from .test_tracking import tensorboard_scalars
+from .observe.trackers.test_trackers import tensorboard_scalars
 
 LOOP = textwrap.dedent(
     """

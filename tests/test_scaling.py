@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from nbaccel.metrics import (
+from nbaccel.observe.channel import (
     BREAKDOWN,
     SAMPLES,
     TIME_COMMUNICATION,
@@ -17,7 +17,7 @@ from nbaccel.metrics import (
     TIME_LOOP,
     Record,
 )
-from nbaccel.run import Run
+from nbaccel.observe.records import Run
 from nbaccel.scaling import Scaling, measure_scaling
 
 pytestmark = pytest.mark.multiprocess
@@ -184,7 +184,7 @@ def test_a_run_without_counters_has_only_start_up():
 
 
 def test_the_live_rate_is_the_one_the_progress_line_shows():
-    from nbaccel.display import progress
+    from nbaccel.observe.live.view import progress
 
     run = Run(world_size=2, started=0.0, finished=3.0)
     run.add(counters(0, [(1.0, 32.0), (2.0, 132.0)]))

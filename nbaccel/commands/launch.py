@@ -25,7 +25,7 @@ import tempfile
 from ..config import FLAGS, MODES, LaunchConfig
 from ..config import check_gpus as launch_check_gpus
 from ..env import PANEL_VAR, STACKS_VAR
-from ..hang import Report, ask
+from ..observe.hang import Report, ask
 from . import UsageError, positive_int, saved_config
 from .torchrun import run_torchrun
 

@@ -4,10 +4,10 @@ What lesson 2 writes by hand: ``DistributedDataParallel`` broadcasts rank 0's we
 wraps the model, then averages each bucket of gradients over the ranks while backward is still
 running, so every rank's optimizer takes the same step.
 
-The breakdown (``nbaccel.breakdown``) learns when each bucket is ready from a communication hook
-around torch's own all-reduce, registered at the first backward that syncs. DDP takes one hook:
-a hook of the user's own, registered on the prepared model before then, replaces ours and is
-timed the same way (``register_comm_hook`` of the prepared model wraps it).
+The breakdown (``nbaccel.observe.breakdown``) learns when each bucket is ready from a communication
+hook around torch's own all-reduce, registered at the first backward that syncs. DDP takes one hook:
+a hook of the user's own, registered on the prepared model before then, replaces ours and is timed
+the same way (``register_comm_hook`` of the prepared model wraps it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ..breakdown import timed_allreduce
+from ..observe.breakdown import timed_allreduce
 from .base import Strategy, trainable
 
 

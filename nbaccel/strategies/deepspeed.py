@@ -9,8 +9,8 @@ The engine owns more than DDP or FSDP do, and the Accelerator leaves it all to t
 * it saves its own sharded checkpoint, which ``save_state`` puts inside nbaccel's folder;
 * it needs a process group even for one process: a private one (no port), left in ``end``.
 
-The breakdown (``nbaccel.breakdown``) times the engine's forward, backward and step as compute:
-its collectives, inside ``deepspeed.comm``, are not measured apart.
+The breakdown (``nbaccel.observe.breakdown``) times the engine's forward, backward and step as
+compute: its collectives, inside ``deepspeed.comm``, are not measured apart.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch.distributed as dist
 
 from .. import checkpoint, zero
 from ..accumulation import AccumulationWindow, GradientAccumulationPlugin
-from ..breakdown import Breakdown, computing
 from ..data import PreparedDataLoader
 from ..env import backend_for
+from ..observe.breakdown import Breakdown, computing
 from ..optim import AcceleratedOptimizer
 from ..state import DistributedType, PartialState
 from .base import AutocastForward, Strategy, trainable

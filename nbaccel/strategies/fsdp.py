@@ -5,8 +5,8 @@ Accelerator: sharding replaces the model's parameters, so the optimizers are poi
 ones; gradients are reduce-scattered, so ``no_sync`` switches that off instead of DDP's
 all-reduce; tensors are DTensors, gathered whole for a file or a gradient norm.
 
-The breakdown (``nbaccel.breakdown``) times FSDP2's all-gathers and reduce-scatters on CPU, by
-handing each sharded module FSDP2's own default collectives wrapped in a clock
+The breakdown (``nbaccel.observe.breakdown``) times FSDP2's all-gathers and reduce-scatters on CPU,
+by handing each sharded module FSDP2's own default collectives wrapped in a clock
 (``set_custom_all_gather``/``set_custom_reduce_scatter``); gloo blocks inside them.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from .. import breakdown
 from ..accumulation import AccumulationWindow
+from ..observe import breakdown
 from ..optim import AcceleratedOptimizer
 from ..sharding import (
     full_states,

@@ -9,8 +9,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from nbaccel import Accelerator
-from nbaccel.display import progress
-from nbaccel.metrics import MEMORY
+from nbaccel.observe.channel import MEMORY
+from nbaccel.observe.live.view import progress
 
 from ..test_multiprocess import make_data, make_model, resume
 from .common import GPU, exact_float32, fit, gap

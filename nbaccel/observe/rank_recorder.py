@@ -1,14 +1,18 @@
-"""Loss and throughput from any training loop to the live view: the Accelerator's, or your own.
+"""The recorder on each rank: loss and throughput from any training loop to the live view, the
+Accelerator's (``accelerator.recorder``) or your own.
 
 In a worker started by ``notebook_launcher`` the numbers go to the notebook that launched it.
-Anywhere else (a loop in the notebook itself, torchrun) they are kept in ``tracker.run`` and the
-main process draws them: a panel in a notebook, a progress line in a terminal.
+Anywhere else (a loop in the notebook itself, torchrun) they are kept in ``recorder.run`` and
+the main process draws them: a panel in a notebook, a progress line in a terminal.
 
-    tracker = Tracker(total_steps=epochs * len(loader))
+    recorder = Recorder(total_steps=epochs * len(loader))
     for inputs, labels in loader:
         ...
-        tracker.log({"loss": loss}, samples=len(inputs))  # samples feed the throughput curve
-    tracker.close()
+        recorder.log({"loss": loss}, samples=len(inputs))  # samples feed the throughput curve
+    recorder.close()
+
+``Tracker`` is its old name, kept as an alias: a *tracker* is now only what Accelerate calls one
+(TensorBoard, MLflow, wandb: ``nbaccel.observe.trackers``).
 """
 
 from __future__ import annotations
@@ -19,25 +23,18 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .env import CHANNEL_VAR, PANEL_VAR, DistEnv, device_label
-from .metrics import (
-    MEMORY,
-    SAMPLES,
-    STEPS,
-    TOTAL_STEPS,
-    Channel,
-    local_run,
-)
-from .run import Run
+from ..env import CHANNEL_VAR, PANEL_VAR, DistEnv, device_label
+from .channel import MEMORY, SAMPLES, STEPS, TOTAL_STEPS, Channel, local_run
+from .records import Run
 
 if TYPE_CHECKING:
     from .breakdown import Breakdown
-    from .display import LiveView  # a type here: display is imported only to draw (below)
+    from .live.view import LiveView  # a type here: the view is imported only to draw (below)
 
 
-class Tracker:
-    """Records numbers for the live view. Never blocks training and never raises on a full
-    buffer (drops are counted).
+class Recorder:
+    """Records this rank's numbers for the live view. Never blocks training and never raises on a
+    full buffer (drops are counted).
 
     Args:
         total_steps: the number of ``log`` calls to expect; the progress line shows an ETA.
@@ -47,7 +44,7 @@ class Tracker:
         device: the device the loop trains on (the Accelerator's): it names the run's device
             unless a launcher's run did, and on CUDA gives ``memory`` (the peak allocated).
         clock: seconds for the quarter-second pace of the counters (tests pass their own).
-        breakdown: where this rank's time went (``nbaccel.breakdown``, the Accelerator's):
+        breakdown: where this rank's time went (``breakdown``, the Accelerator's):
             its ``TIME_*`` counters are recorded with the others.
     """
 
@@ -168,17 +165,20 @@ class Tracker:
         if self._view is not None:
             self._view.close(self.run)
 
-    def __enter__(self) -> Tracker:
+    def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
+Tracker = Recorder  # the old name (before the glossary gave "tracker" to Accelerate's sense)
+
+
 def _new_view() -> LiveView:
-    """The main process's view of a loop that no launcher draws: only now is ``display``
+    """The main process's view of a loop that no launcher draws: only now is the view
     imported, so a worker that sends its numbers to the notebook never imports it."""
-    from .display import LiveView
+    from .live.view import LiveView
 
     return LiveView(save_png=os.environ.get(PANEL_VAR))
 

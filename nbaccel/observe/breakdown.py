@@ -1,7 +1,7 @@
 """Where each rank's training time goes: waiting for data, computing, communicating, the rest.
 
 Every rank keeps one ``Breakdown``: cumulative seconds since its loop's first timed moment (in
-a training loop, the first batch asked of a prepared DataLoader). The tracker records them
+a training loop, the first batch asked of a prepared DataLoader). The recorder records them
 with its other counters every quarter second (``metrics.TIME_*``); ``Run.breakdown()`` reads
 them in the notebook, and ``Run.straggler()`` names the rank the others wait for.
 
@@ -51,9 +51,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..env import BREAKDOWN_VAR
 from . import stacks
-from .env import BREAKDOWN_VAR
-from .metrics import TIME_COMMUNICATION, TIME_COMPUTE, TIME_DATA, TIME_LOOP
+from .channel import TIME_COMMUNICATION, TIME_COMPUTE, TIME_DATA, TIME_LOOP
 
 if TYPE_CHECKING:
     import torch

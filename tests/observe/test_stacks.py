@@ -3,6 +3,7 @@ listener and its transport, and what a hung ``notebook_launcher`` says about it.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import re
@@ -17,10 +18,10 @@ import pytest
 import torch
 
 from nbaccel import LaunchError, notebook_launcher
-from nbaccel.hang import Stall, check_stall_warning, desyncs, report, steps_apart, where
-from nbaccel.metrics import STEPS, Record
-from nbaccel.run import Run
-from nbaccel.stacks import Frame, RankStack, ThreadStack, collect, socket_path
+from nbaccel.observe.channel import STEPS, Record
+from nbaccel.observe.hang import Stall, check_stall_warning, desyncs, report, steps_apart, where
+from nbaccel.observe.records import Run
+from nbaccel.observe.stacks import Frame, RankStack, ThreadStack, collect, socket_path
 
 HANG = 120  # seconds: a launch that takes this long is hung, not slow
 TORCH = os.path.dirname(torch.__file__)
@@ -154,7 +155,7 @@ def test_the_report_names_every_rank_then_shows_their_frames_with_source():
 
 
 def test_the_workers_own_runner_frames_are_left_out():
-    runner = os.path.join(NBACCEL, "forkserver.py")
+    runner = importlib.util.find_spec("nbaccel.forkserver").origin  # the real one, wherever it is
     found = report({0: stack(0, (runner, 170, "run_worker"), (USER, 8, "wait"))}, asked=[0])
     assert "run_worker" not in found.details and "in wait" in found.details
 
@@ -194,7 +195,7 @@ def test_a_bad_stall_warning_is_refused_with_the_fix(value, error, match):
 # -- the listener and the transport --------------------------------------------------------------
 LISTENER = """
 import sys, threading, time
-from nbaccel import stacks
+from nbaccel.observe import stacks
 
 def helper():
     time.sleep(60)
@@ -326,16 +327,16 @@ def wait_for_the_file(path: str) -> None:
 def stalls(go: str):
     import torch.distributed as dist
 
-    from nbaccel import PartialState, Tracker
+    from nbaccel import PartialState, Recorder
 
     state = PartialState()
-    tracker = Tracker(live=False)
-    tracker.log({"loss": 1.0})
-    tracker.channel.flush()  # the launcher has heard from this rank
+    recorder = Recorder(live=False)
+    recorder.log({"loss": 1.0})
+    recorder.channel.flush()  # the launcher has heard from this rank
     if state.process_index == 1:
         wait_for_the_file(go)
     dist.all_reduce(torch.ones(1))
-    tracker.close()
+    recorder.close()
     return state.process_index
 
 

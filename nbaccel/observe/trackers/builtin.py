@@ -1,4 +1,4 @@
-"""Experiment trackers behind Accelerate's names: TensorBoard, MLflow and wandb, or your own.
+"""The built-in experiment trackers, behind Accelerate's names: TensorBoard, MLflow and wandb.
 
     accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
     accelerator.init_trackers("mnist", config={"lr": 0.1})   # the hyperparameters, once
@@ -21,75 +21,21 @@ Only the main process writes (a tracker with ``main_process_only = False``: ever
 
 The built-in ones keep numbers back and write them once a second (and at ``save_state`` and
 ``end_training``): a process that is killed loses at most its last second of them. Your own:
-subclass ``GeneralTracker`` and pass an instance.
+subclass ``GeneralTracker`` (``general``) and pass an instance.
 """
 
 from __future__ import annotations
 
-import enum
-import functools
-import importlib.util
 import json
 import netrc
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .env import DistEnv
-
-
-class LoggerType(str, enum.Enum):
-    """The trackers ``log_with`` names (Accelerate's enum; its members equal the strings)."""
-
-    ALL = "all"
-    TENSORBOARD = "tensorboard"
-    MLFLOW = "mlflow"
-    WANDB = "wandb"
-
-
-def on_main_process(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a tracker's method on the main process only (unless its ``main_process_only`` is
-    False): Accelerate's decorator of this name, for trackers written for it."""
-
-    @functools.wraps(method)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not getattr(self, "main_process_only", True) or DistEnv.from_environ().rank == 0:
-            return method(self, *args, **kwargs)
-        return None
-
-    return wrapper
-
-
-class GeneralTracker:
-    """What every tracker does; subclass it for your own (every method may be left as is)."""
-
-    name = "general"
-    requires_logging_directory = False
-    main_process_only = True
-
-    def __init__(self, _blank: bool = False) -> None:  # Accelerate's signature
-        pass
-
-    @property
-    def tracker(self) -> Any:
-        """The library's own object (``get_tracker(name, unwrap=True)`` returns it)."""
-        return None
-
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
-        """Record the run's hyperparameters, once, at ``init_trackers``."""
-
-    def log(self, values: dict[str, Any], step: int | None, **kwargs: Any) -> None:
-        """Record ``values`` at ``step``."""
-
-    def flush(self) -> None:
-        """Write what ``log`` has kept back (the built-in trackers write once a second)."""
-
-    def finish(self) -> None:
-        """Write what is left and close (``end_training`` calls it)."""
-
+from .general import GeneralTracker
 
 FLUSH_SECONDS = 1.0  # how long the built-in trackers keep numbers back, to write them together
 
@@ -273,15 +219,6 @@ class WandBTracker(GeneralTracker):
         self.run.finish()
         if wandb.run is None:  # no other run of this process needs wandb's service process
             wandb.teardown()
-
-
-def installed(module: str) -> bool:
-    if module in sys.modules:
-        return sys.modules[module] is not None
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _flat(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

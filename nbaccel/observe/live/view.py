@@ -1,11 +1,11 @@
 """The live view: loss and throughput drawn while the workers train, or one line of text.
 
-``LiveView`` redraws a ``run.Run`` through a front end:
+``LiveView`` redraws a ``records.Run`` through a front end:
 
 * ``NotebookFrontend``: a PNG rendered by matplotlib's object API (no pyplot, so no backend and
   no stray figure at the end of the cell) and a progress line, each one display handle updated
   in place. The panel shows loss and throughput, and, once the ranks time their loops, where
-  each rank's time goes (``breakdown_view``). Works in JupyterLab, Notebook 7 and VS Code,
+  each rank's time goes (``bars``). Works in JupyterLab, Notebook 7 and VS Code,
   and an executed notebook keeps the last panel as an ``image/png`` output.
 * ``ConsoleFrontend``: a throttled one-line progress on stderr (scripts, ``nbaccel launch``, CI).
 
@@ -14,8 +14,8 @@ second, the panel at most once a second; after the first three panels, less ofte
 it is slow, so that drawing costs the training at most 1% of a core. One figure is kept and
 updated, not rebuilt. This module imports no torch.
 
-Data flows one way: workers -> ``metrics`` -> ``Run`` -> here. This module reads the counters'
-names from ``metrics`` and takes a ``Run`` as it is given; only what draws imports it.
+Data flows one way: workers -> ``channel`` -> ``Run`` -> here. This module reads the counters'
+names from ``channel`` and takes a ``Run`` as it is given; only what draws imports it.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .breakdown_view import BreakdownBars, straggler_note
-from .env import in_notebook
-from .metrics import MEMORY, SAMPLES, STEPS, TOTAL_STEPS
+from ...env import in_notebook
+from ..channel import MEMORY, SAMPLES, STEPS, TOTAL_STEPS
+from .bars import BreakdownBars, straggler_note
 
 if TYPE_CHECKING:
-    from .run import Run
+    from ..records import Run
 
 
 class Frontend(Protocol):

@@ -10,17 +10,17 @@ rank the others wait for.
 The colours say the story at a glance: a rank slowed by its data has a long orange part, and
 the ranks waiting for it a long red one (communication).
 
-This module imports no torch; ``display`` imports it, never the reverse.
+This module imports no torch; ``view`` imports it, never the reverse.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .metrics import BREAKDOWN
+from ..channel import BREAKDOWN
 
 if TYPE_CHECKING:
-    from .run import Run, Straggler
+    from ..records import Run, Straggler
 
 COLOURS = {"data": "tab:orange", "compute": "tab:blue", "communication": "tab:red"}
 COLOURS["other"] = "darkgray"  # the loop's own Python: logging, evaluation, checkpoints

@@ -9,8 +9,7 @@ import time
 
 from matplotlib.colors import to_rgb
 
-from nbaccel.display import ConsoleFrontend, LiveView, Panel, figure, png, progress
-from nbaccel.metrics import (
+from nbaccel.observe.channel import (
     BREAKDOWN,
     SAMPLES,
     STEPS,
@@ -20,7 +19,8 @@ from nbaccel.metrics import (
     TIME_LOOP,
     Record,
 )
-from nbaccel.run import Run
+from nbaccel.observe.live.view import ConsoleFrontend, LiveView, Panel, figure, png, progress
+from nbaccel.observe.records import Run
 
 
 class Clock:
@@ -34,7 +34,7 @@ class Clock:
         return self.now
 
 
-class Recorder:
+class FakeFrontend:
     """A front end that keeps what it was given; a panel "costs" ``draw_cost`` seconds of the
     injected clock, as drawing would cost the real one."""
 
@@ -88,7 +88,7 @@ def feed(view: LiveView, run: Run, clock: Clock, seconds: float) -> None:
 
 def test_the_progress_line_is_throttled_to_four_a_second():
     clock = Clock()
-    front = Recorder()
+    front = FakeFrontend()
     front.draws = False
     view = LiveView(front, text_interval=0.25, clock=clock)
     feed(view, a_run(steps=1), clock, 1.5)  # 192 updates
@@ -97,7 +97,7 @@ def test_the_progress_line_is_throttled_to_four_a_second():
 
 def test_the_panel_is_throttled_and_the_end_is_always_drawn():
     clock = Clock()
-    front = Recorder(clock, draw_cost=0.125)  # a panel takes 0.1-0.3 s of a core here
+    front = FakeFrontend(clock, draw_cost=0.125)  # a panel takes 0.1-0.3 s of a core here
     view = LiveView(front, image_interval=0.25, first_panels=3, clock=clock)
     run = a_run(steps=1)
     feed(view, run, clock, 20.0)
@@ -134,12 +134,12 @@ def test_a_rank_heard_late_takes_its_place_in_the_legend():
 
 
 def test_nothing_is_shown_before_anything_is_recorded(monkeypatch):
-    import nbaccel.display
+    import nbaccel.observe.live.view
 
-    front = Recorder()
+    front = FakeFrontend()
     LiveView(front)  # matplotlib is warmed once a process, not once a launch
     made = []
-    monkeypatch.setattr(nbaccel.display, "Panel", lambda: made.append(1) or Panel())
+    monkeypatch.setattr(nbaccel.observe.live.view, "Panel", lambda: made.append(1) or Panel())
     view = LiveView(front)
     view.close(Run())
     assert front.texts == [] and front.images == []
@@ -192,13 +192,14 @@ def test_a_log_gets_plain_lines_now_and_then_and_the_final_state():
 
 def test_a_saved_panel(tmp_path):
     run = a_run()
-    LiveView(Recorder(), save_png=str(tmp_path / "final.png")).close(run)
+    LiveView(FakeFrontend(), save_png=str(tmp_path / "final.png")).close(run)
     assert (tmp_path / "final.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_display_side_imports_no_torch():
     code = (
-        "import sys, nbaccel.display as d, nbaccel.metrics as m, nbaccel.run as r\n"
+        "import sys, nbaccel.observe.live.view as d, nbaccel.observe.channel as m\n"
+        "import nbaccel.observe.records as r\n"
         "run = r.Run(); run.add([m.Record(0, 0, 0.0, 'loss', 1.0)]); d.png(run)\n"
         "print(sorted(k for k in sys.modules if k.split('.')[0] == 'torch'))\n"
     )

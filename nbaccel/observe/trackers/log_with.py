@@ -1,6 +1,6 @@
 """The Accelerator's trackers: which ones ``log_with`` asks for (checked when the Accelerator is
 made), started by ``init_trackers`` and written to by ``log``. The trackers themselves are in
-``tracking``.
+``general`` (your own) and ``builtin`` (TensorBoard, MLflow, wandb).
 """
 
 from __future__ import annotations
@@ -10,14 +10,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .tracking import (
-    GeneralTracker,
-    LoggerType,
-    MLflowTracker,
-    TensorBoardTracker,
-    WandBTracker,
-    installed,
-)
+from .builtin import MLflowTracker, TensorBoardTracker, WandBTracker
+from .general import GeneralTracker, LoggerType, installed
 
 # name -> (class, the module that must be importable, what to install)
 BUILT_IN: dict[str, tuple[type[GeneralTracker], str, str]] = {
@@ -48,7 +42,7 @@ def resolve(log_with: Any, logging_dir: str | os.PathLike | None) -> list[str | 
         if not isinstance(name, str) or name not in BUILT_IN:
             raise ValueError(
                 f"log_with={item!r}: the trackers are {', '.join(map(repr, BUILT_IN))}, 'all', "
-                "or a nbaccel.tracking.GeneralTracker instance of your own."
+                "or an nbaccel.GeneralTracker instance of your own."
             )
         if not installed(BUILT_IN[name][1]):
             raise ImportError(

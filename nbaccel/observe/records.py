@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .metrics import (
+from .channel import (
     BREAKDOWN,
     SAMPLES,
     TIME_COMMUNICATION,
@@ -31,7 +31,7 @@ from .metrics import (
     Record,
 )
 
-#: The measured parts of a rank's loop (``nbaccel.breakdown``), by ``Run.breakdown``'s names.
+#: The measured parts of a rank's loop (``breakdown``), by ``Run.breakdown``'s names.
 _PARTS = {"data": TIME_DATA, "compute": TIME_COMPUTE, "communication": TIME_COMMUNICATION}
 #: A straggler is judged on the whole run and again on about its last seconds.
 RECENT_S = 2.0
@@ -186,7 +186,7 @@ class Run:
     def breakdown(self) -> dict[int, dict[str, float]]:
         """Where each rank's loop time went, in seconds, from its latest counters:
         ``{rank: {"data": s, "compute": s, "communication": s, "other": s}}``, the parts adding
-        up to the rank's loop time (``nbaccel.breakdown`` says what each part holds). ``{}``
+        up to the rank's loop time (``nbaccel.observe.breakdown`` says what each part holds). ``{}``
         when no rank recorded them (``NBACCEL_BREAKDOWN=0``, or no prepared loop ran)."""
         latest = {part: self.latest(name) for part, name in _PARTS.items()}
         return {
@@ -242,12 +242,12 @@ class Run:
 
     def figure(self, total_steps: int | None = None):
         """The live panel, redrawn from the records (a matplotlib ``Figure``)."""
-        from .display import figure  # the drawing side, imported only to draw
+        from .live.view import figure  # the drawing side, imported only to draw
 
         return figure(self, total_steps)
 
     def save_png(self, path: str | os.PathLike, total_steps: int | None = None) -> Path:
-        from .display import png
+        from .live.view import png
 
         path = Path(path)
         path.write_bytes(png(self, total_steps))

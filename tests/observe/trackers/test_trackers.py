@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from nbaccel import Accelerator
-from nbaccel.tracking import GeneralTracker, installed
+from nbaccel.observe.trackers.general import GeneralTracker, installed
 
 
 # -- reading each library's records back ---------------------------------------------------
@@ -174,8 +174,8 @@ def test_wandb_logs_offline_without_an_account_and_says_so(tmp_path, monkeypatch
 
 
 def test_a_tracker_of_your_own(tmp_path):
-    class Recorder(GeneralTracker):
-        name = "recorder"
+    class CallLog(GeneralTracker):
+        name = "calls"
 
         def __init__(self):
             self.calls = []
@@ -193,13 +193,13 @@ def test_a_tracker_of_your_own(tmp_path):
         def finish(self):
             self.calls.append(("finish",))
 
-    recorder = Recorder()
-    accelerator, losses = fit(tmp_path, [recorder], steps=2)
-    accelerator.log({"loss": 1.5}, step=40, log_kwargs={"recorder": {"commit": True}})
-    assert accelerator.get_tracker("recorder", unwrap=True) is recorder.calls
-    assert accelerator.trackers == [recorder]
+    mine = CallLog()
+    accelerator, losses = fit(tmp_path, [mine], steps=2)
+    accelerator.log({"loss": 1.5}, step=40, log_kwargs={"calls": {"commit": True}})
+    assert accelerator.get_tracker("calls", unwrap=True) is mine.calls
+    assert accelerator.trackers == [mine]
     accelerator.end_training()
-    assert recorder.calls == [
+    assert mine.calls == [
         ("config", {"lr": 0.1, "layers": [3, 1], "opt": {"m": 0}}),
         ("log", 1, losses[0], {}),
         ("log", 2, losses[1], {}),
@@ -247,7 +247,7 @@ accelerator = Accelerator(log_with="tensorboard", project_dir={folder!r})
 accelerator.init_trackers("launched", config={{"world": accelerator.num_processes}})
 for step in range(5):
     accelerator.log({{"rank": float(accelerator.rank), "value": step * 1.5}})
-    accelerator.tracker.count(optimizer_steps=1)
+    accelerator.recorder.count(optimizer_steps=1)
 accelerator.end_training()
 """
 
@@ -273,7 +273,7 @@ def test_under_nbaccel_launch_only_the_main_process_writes(tmp_path):
 
 
 def test_on_main_process_runs_a_trackers_method_on_rank_0_only(monkeypatch):
-    from nbaccel.tracking import on_main_process
+    from nbaccel.observe.trackers.general import on_main_process
 
     class Ported(GeneralTracker):  # as a tracker written for Accelerate declares its methods
         def __init__(self):

@@ -1,5 +1,5 @@
-"""Where each rank's time goes (nbaccel.breakdown): the rule on made-up records, then two CPU
-ranks with a deliberate straggler, slowed by its data or by its compute.
+"""Where each rank's time goes (nbaccel.observe.breakdown): the rule on made-up records, then two
+CPU ranks with a deliberate straggler, slowed by its data or by its compute.
 
 Times are checked only from below, by sleeps: a sleep of S seconds takes at least S.
 """
@@ -15,9 +15,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from nbaccel import notebook_launcher
-from nbaccel.breakdown import Breakdown
 from nbaccel.env import BREAKDOWN_VAR
-from nbaccel.metrics import (
+from nbaccel.observe.breakdown import Breakdown
+from nbaccel.observe.channel import (
     BREAKDOWN,
     TIME_COMMUNICATION,
     TIME_COMPUTE,
@@ -25,7 +25,7 @@ from nbaccel.metrics import (
     TIME_LOOP,
     Record,
 )
-from nbaccel.run import Run, Straggler, find_straggler
+from nbaccel.observe.records import Run, Straggler, find_straggler
 
 HANG = 120  # seconds: a launch that takes this long is hung, not slow
 NAMES = {"data": TIME_DATA, "compute": TIME_COMPUTE, "communication": TIME_COMMUNICATION}
@@ -184,7 +184,7 @@ def check_adds_up(run: Run) -> None:
 def check_panel(run: Run, cause: str) -> None:
     """The live panel drawn from the launch's records: each rank's bar has its parts' lengths,
     the straggler's label is bold, and the progress line names it."""
-    from nbaccel.display import figure, progress
+    from nbaccel.observe.live.view import figure, progress
 
     ax = figure(run).axes[2]
     parts = run.breakdown()

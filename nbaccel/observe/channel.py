@@ -25,14 +25,14 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .env import CHANNEL_VAR, PANEL_VAR  # noqa: F401  # PANEL_VAR: kept at its old import path
+from ..env import CHANNEL_VAR
 
 if TYPE_CHECKING:
-    from .run import Run
+    from .records import Run
 
 #: Counters the library records by itself, cumulative per rank; rates come from differences.
 SAMPLES, STEPS, MEMORY = "nbaccel/samples", "nbaccel/optimizer_steps", "nbaccel/max_memory_mb"
-#: The number of steps the run expects (``Tracker(total_steps=...)``): the progress line's ETA.
+#: The number of steps the run expects (``Recorder(total_steps=...)``): the progress line's ETA.
 TOTAL_STEPS = "nbaccel/total_steps"
 #: Where each rank's time went (``breakdown.py``): cumulative seconds, recorded with the counters.
 TIME_DATA = "nbaccel/time/data"  # waiting for the next batch (the prepared DataLoader)

@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
-from .config import check_seconds
-from .metrics import STEPS
-from .run import Run
+from ..config import check_seconds
+from .channel import STEPS
+from .records import Run
 from .stacks import COLLECT_SECONDS, Frame, RankStack, collect, socket_path
 
 COLLECTIVES = frozenset(
@@ -42,6 +42,10 @@ COLLECTIVES = frozenset(
     }
 )
 MAIN_FRAMES, OTHER_FRAMES = 10, 3  # innermost frames shown of the main thread, of the others
+#: nbaccel's own folder: its frames are library frames, not the user's.
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The launched worker's own runner: the frames above it are the fork server's, not the user's.
+RUNNER = os.path.join(PACKAGE, "forkserver.py")
 RECORD_LAG = 0.5  # seconds of steps a rank may have made but not yet sent (two record paces)
 
 
@@ -92,7 +96,7 @@ def _is_collective(frame: Frame) -> bool:
 @cache
 def _library_dirs() -> tuple[str, ...]:
     torch = importlib.util.find_spec("torch")
-    dirs = [os.path.dirname(os.path.abspath(__file__)), sysconfig.get_paths()["stdlib"]]
+    dirs = [PACKAGE, sysconfig.get_paths()["stdlib"]]
     dirs += list(torch.submodule_search_locations or []) if torch else []
     return tuple(os.path.join(d, "") for d in dirs)
 
@@ -268,8 +272,7 @@ def _frames(stack: RankStack) -> str:
 def _own(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
     """The frames below the launched worker's own runner (``forkserver.py``): the user's call
     and what it called. Other stacks (a script under torchrun) are kept whole."""
-    runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")
-    ours = [i for i, f in enumerate(frames) if f.filename == runner]
+    ours = [i for i, f in enumerate(frames) if f.filename == RUNNER]
     return frames[ours[-1] + 1 :] if ours else frames
 
 

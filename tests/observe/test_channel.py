@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from nbaccel import Accelerator, Tracker, notebook_launcher
-from nbaccel.display import progress
-from nbaccel.metrics import SAMPLES, STEPS, Channel, Record, decode
-from nbaccel.run import Run
+from nbaccel import Accelerator, Recorder, notebook_launcher
+from nbaccel.observe.channel import SAMPLES, STEPS, Channel, Record, decode
+from nbaccel.observe.live.view import progress
+from nbaccel.observe.records import Run
 
 
 @pytest.fixture
@@ -161,7 +161,7 @@ def test_a_one_process_launch_records_into_the_callers_run():
 
 def test_counters_are_current_at_the_end_of_each_epoch_without_end_training():
     accelerator = Accelerator(live=False)
-    accelerator.tracker.clock = lambda: 0.0  # no quarter second ever passes: only epochs count
+    accelerator.recorder.clock = lambda: 0.0  # no quarter second ever passes: only epochs count
     loader = accelerator.prepare(DataLoader(TensorDataset(torch.randn(50, 2)), batch_size=8))
     for epoch in range(2):
         for _batch in loader:
@@ -174,26 +174,40 @@ def test_counters_are_current_at_the_end_of_each_epoch_without_end_training():
 
 
 def test_a_plain_loop_tracks_loss_and_samples_without_the_accelerator():
-    with Tracker(total_steps=5, live=False) as tracker:
+    with Recorder(total_steps=5, live=False) as recorder:
         for step in range(5):
-            tracker.log({"loss": torch.tensor(1.0 / 2**step)}, samples=8)
-    assert tracker.run.series("loss")[0] == ([0, 1, 2, 3, 4], [1.0, 0.5, 0.25, 0.125, 0.0625])
-    assert tracker.run.latest(SAMPLES) == {0: 40.0}
-    assert tracker.run.latest(STEPS) == {}  # no optimizer counted: the log calls are the steps
-    assert progress(tracker.run, 5).startswith("step 5/5 | 1 rank |")
+            recorder.log({"loss": torch.tensor(1.0 / 2**step)}, samples=8)
+    assert recorder.run.series("loss")[0] == ([0, 1, 2, 3, 4], [1.0, 0.5, 0.25, 0.125, 0.0625])
+    assert recorder.run.latest(SAMPLES) == {0: 40.0}
+    assert recorder.run.latest(STEPS) == {}  # no optimizer counted: the log calls are the steps
+    assert progress(recorder.run, 5).startswith("step 5/5 | 1 rank |")
     with pytest.raises(TypeError, match="numbers only"):
-        tracker.log({"loss": "low"})
+        recorder.log({"loss": "low"})
+
+
+def test_tracker_is_the_recorders_old_name_and_still_works():
+    """Before the glossary gave "tracker" to Accelerate's sense, the recorder was ``Tracker``
+    and ``accelerator.tracker``: code written then runs unchanged."""
+    import nbaccel
+
+    assert nbaccel.Tracker is nbaccel.Recorder and "Tracker" in nbaccel.__all__
+    with nbaccel.Tracker(live=False) as old:
+        old.log({"loss": 0.5}, samples=2)
+    assert old.run.series("loss")[0] == ([0], [0.5])
+    accelerator = Accelerator(live=False)
+    assert accelerator.tracker is accelerator.recorder
+    accelerator.end_training()
 
 
 @pytest.mark.multiprocess
 def test_a_plain_loop_in_launched_workers_reaches_the_notebook():
     def work():
-        from nbaccel import Tracker
+        from nbaccel import Recorder
 
-        tracker = Tracker(total_steps=3)
+        recorder = Recorder(total_steps=3)
         for step in range(3):
-            tracker.log({"loss": float(step)}, samples=4)
-        tracker.close()
+            recorder.log({"loss": float(step)}, samples=4)
+        recorder.close()
 
     run = Run()
     notebook_launcher(work, num_processes=2, run=run, timeout=120)

@@ -24,7 +24,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from .env import STACKS_VAR
+from ..env import STACKS_VAR
 
 #: What this process is blocked in right now, if it said so (``waiting_in``); read by the
 #: stack reporter, never by training code.

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .kernel import kernel_with, no_workers_left
-from .test_resume import LOOP
-from .test_tracking import (
+from ...kernel import kernel_with, no_workers_left
+from ...test_resume import LOOP
+from .test_trackers import (
     installed,
     mlflow_run,
     tensorboard_config,
@@ -23,7 +23,7 @@ TRAIN = """
 import os
 import torch
 from nbaccel import Accelerator, LaunchError, Run, notebook_launcher
-from nbaccel.tracking import GeneralTracker, installed
+from nbaccel.observe.trackers.general import GeneralTracker, installed
 
 os.environ.pop("WANDB_API_KEY", None)
 os.environ["WANDB_SILENT"] = "true"
