@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from nbaccel import LiveView, Run, notebook_launcher
-from nbaccel.observe.live.view import Panel
+from nbaccel.observe.live.panel import Panel
 from nbaccel.scaling import Scaling
 
 

@@ -160,7 +160,7 @@ class Scaling:
         display(Image(self._repr_png_()))
 
     def _repr_png_(self) -> bytes:
-        from .observe.live.view import to_png
+        from .observe.live.panel import to_png
 
         return to_png(self.figure())
 

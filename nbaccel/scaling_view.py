@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from .observe.channel import BREAKDOWN
 from .observe.live.bars import COLOURS
-from .observe.live.view import loss_name
+from .observe.live.line import loss_name
 
 if TYPE_CHECKING:
     from .scaling import Scaling

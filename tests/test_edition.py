@@ -199,7 +199,7 @@ def test_no_arabic_reaches_a_plot(english):
 
 def test_the_live_panel_has_no_arabic_text():
     from nbaccel.observe.channel import Record
-    from nbaccel.observe.live.view import Panel
+    from nbaccel.observe.live.panel import Panel
     from nbaccel.observe.records import Run
 
     run = Run(world_size=2)

@@ -50,7 +50,7 @@ def test_a_run_draws_through_the_panel_when_asked():
         "from nbaccel.observe.channel import Record\nfrom nbaccel.observe.records import Run\n"
         "run = Run(); run.add([Record(0, 0, 0.0, 'loss', 1.0)]); run.figure()"
     )
-    assert {"nbaccel.observe.live.view", "matplotlib"} <= loaded
+    assert {"nbaccel.observe.live.panel", "matplotlib"} <= loaded
 
 
 def test_the_live_view_imports_no_torch():
@@ -63,7 +63,7 @@ def test_the_live_view_imports_no_torch():
         "from nbaccel.observe.channel import Record\nfrom nbaccel.observe.records import Run\n"
         "run = Run(); run.add([Record(0, 0, 0.0, 'loss', 1.0)]); run.figure()"
     )
-    assert {"nbaccel.observe.live.view", "matplotlib"} <= loaded
+    assert {"nbaccel.observe.live.view", "nbaccel.observe.live.line", "matplotlib"} <= loaded
     assert not any(m.startswith("torch") for m in loaded)
 
 

@@ -77,7 +77,7 @@ def make_notebook(path, *sources: str, tag_last: bool = False) -> None:
 
 PANEL = """
 from IPython.display import Image, display
-from nbaccel.observe.live.view import png
+from nbaccel.observe.live.panel import png
 from nbaccel.observe.channel import Record
 from nbaccel.observe.records import Run
 run = Run()

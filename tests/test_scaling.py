@@ -184,7 +184,7 @@ def test_a_run_without_counters_has_only_start_up():
 
 
 def test_the_live_rate_is_the_one_the_progress_line_shows():
-    from nbaccel.observe.live.view import progress
+    from nbaccel.observe.live.line import progress
 
     run = Run(world_size=2, started=0.0, finished=3.0)
     run.add(counters(0, [(1.0, 32.0), (2.0, 132.0)]))

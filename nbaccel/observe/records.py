@@ -242,12 +242,12 @@ class Run:
 
     def figure(self, total_steps: int | None = None):
         """The live panel, redrawn from the records (a matplotlib ``Figure``)."""
-        from .live.view import figure  # the drawing side, imported only to draw
+        from .live.panel import figure  # the drawing side, imported only to draw
 
         return figure(self, total_steps)
 
     def save_png(self, path: str | os.PathLike, total_steps: int | None = None) -> Path:
-        from .live.view import png
+        from .live.panel import png
 
         path = Path(path)
         path.write_bytes(png(self, total_steps))

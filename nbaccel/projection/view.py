@@ -79,7 +79,7 @@ def whatif(
     from IPython.display import Image, display
 
     from ..env import in_notebook  # read at the call: tests stand in for a notebook
-    from ..observe.live.view import to_png
+    from ..observe.live.panel import to_png
 
     links = {**({loopback.name: loopback} if loopback else {}), **PRESETS}
 

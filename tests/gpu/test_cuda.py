@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from nbaccel import Accelerator
 from nbaccel.observe.channel import MEMORY
-from nbaccel.observe.live.view import progress
+from nbaccel.observe.live.line import progress
 
 from ..test_multiprocess import make_data, make_model, resume
 from .common import GPU, exact_float32, fit, gap

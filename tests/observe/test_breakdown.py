@@ -184,7 +184,8 @@ def check_adds_up(run: Run) -> None:
 def check_panel(run: Run, cause: str) -> None:
     """The live panel drawn from the launch's records: each rank's bar has its parts' lengths,
     the straggler's label is bold, and the progress line names it."""
-    from nbaccel.observe.live.view import figure, progress
+    from nbaccel.observe.live.line import progress
+    from nbaccel.observe.live.panel import figure
 
     ax = figure(run).axes[2]
     parts = run.breakdown()

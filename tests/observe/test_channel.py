@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from nbaccel import Accelerator, Recorder, notebook_launcher
 from nbaccel.observe.channel import SAMPLES, STEPS, Channel, Record, decode
-from nbaccel.observe.live.view import progress
+from nbaccel.observe.live.line import progress
 from nbaccel.observe.records import Run
 
 

@@ -1,16 +1,15 @@
-"""Where each rank's time goes, drawn: the live panel's stacked bars and the progress line's note.
+"""Where each rank's time goes, drawn: the live panel's stacked bars.
 
 ``Run.breakdown()`` splits every rank's training loop into data, compute, communication and
 other seconds; ``BreakdownBars`` draws them as one horizontal bar per rank, the four parts
 stacked, on an axes of the live panel. Like the panel's lines, the bars are made once (again
 only when a rank is heard for the first time) and then only moved and resized, so a redraw
-costs little beyond the render. ``straggler_note`` is what the progress line says about the
-rank the others wait for.
+costs little beyond the render.
 
 The colours say the story at a glance: a rank slowed by its data has a long orange part, and
 the ranks waiting for it a long red one (communication).
 
-This module imports no torch; ``view`` imports it, never the reverse.
+This module imports no torch; ``panel`` imports it, never the reverse.
 """
 
 from __future__ import annotations
@@ -20,22 +19,10 @@ from typing import TYPE_CHECKING, Any
 from ..channel import BREAKDOWN
 
 if TYPE_CHECKING:
-    from ..records import Run, Straggler
+    from ..records import Straggler
 
 COLOURS = {"data": "tab:orange", "compute": "tab:blue", "communication": "tab:red"}
 COLOURS["other"] = "darkgray"  # the loop's own Python: logging, evaluation, checkpoints
-
-
-def straggler_note(run: Run) -> str | None:
-    """``rank 1 is the straggler (data: others waited 3.2 s)``, or None when no rank stands
-    out: the progress line's last part."""
-    straggler = run.straggler()
-    if straggler is None:
-        return None
-    return (
-        f"rank {straggler.rank} is the straggler "
-        f"({straggler.cause}: others waited {straggler.waited:.1f} s)"
-    )
 
 
 class BreakdownBars:

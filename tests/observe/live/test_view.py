@@ -19,7 +19,9 @@ from nbaccel.observe.channel import (
     TIME_LOOP,
     Record,
 )
-from nbaccel.observe.live.view import ConsoleFrontend, LiveView, Panel, figure, png, progress
+from nbaccel.observe.live.line import progress
+from nbaccel.observe.live.panel import Panel, figure, png
+from nbaccel.observe.live.view import ConsoleFrontend, LiveView
 from nbaccel.observe.records import Run
 
 
@@ -198,7 +200,7 @@ def test_a_saved_panel(tmp_path):
 
 def test_the_display_side_imports_no_torch():
     code = (
-        "import sys, nbaccel.observe.live.view as d, nbaccel.observe.channel as m\n"
+        "import sys, nbaccel.observe.live.panel as d, nbaccel.observe.channel as m\n"
         "import nbaccel.observe.records as r\n"
         "run = r.Run(); run.add([m.Record(0, 0, 0.0, 'loss', 1.0)]); d.png(run)\n"
         "print(sorted(k for k in sys.modules if k.split('.')[0] == 'torch'))\n"

@@ -1,0 +1,151 @@
+"""The live panel: loss per rank and their mean, throughput per rank and in total, and where
+each rank's time goes (``bars``), in one matplotlib figure redrawn in place.
+
+matplotlib's object API draws it (no pyplot, so no backend and no stray figure at the end of
+the cell), and ``to_png`` renders it. The title is the progress line (``line``). This module
+imports no torch, and matplotlib only when a panel is made.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+from typing import TYPE_CHECKING, Any
+
+from ..channel import SAMPLES
+from .bars import BreakdownBars
+from .line import loss_name, progress
+
+if TYPE_CHECKING:
+    from ..records import Run
+
+
+def figure(run: Run, total_steps: int | None = None, now: float | None = None):
+    """The panel as a matplotlib ``Figure``: loss per rank (faint) and mean (bold) against step;
+    samples/s per rank and in total against time; where each rank's time goes, if measured."""
+    panel = Panel()
+    panel.update(run, total_steps, now)
+    return panel.fig
+
+
+def png(run: Run, total_steps: int | None = None, now: float | None = None) -> bytes:
+    return Panel().png(run, total_steps, now)
+
+
+def to_png(fig) -> bytes:
+    """A matplotlib ``Figure`` as PNG bytes, through Agg (no pyplot, so no backend state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    buffer = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buffer)
+    return buffer.getvalue()
+
+
+BOLD = {"lw": 2.2, "color": "black", "zorder": 3}  # the mean and the total, over the ranks
+
+
+class Panel:
+    """One figure redrawn with new data: its axes, ticks, lines and legend are made once and
+    updated, not built again for every redraw."""
+
+    def __init__(self) -> None:
+        from matplotlib.figure import Figure
+
+        self.fig = Figure(figsize=(10, 3.4), dpi=80)  # no layout engine: it doubles the time
+        self.fig.subplots_adjust(left=0.07, right=0.98, bottom=0.15, top=0.8, wspace=0.22)
+        self.loss_ax, self.speed_ax = self.fig.subplots(1, 2)
+        self.speed_ax.set(xlabel="seconds", ylabel="samples/s", title="throughput")
+        self.loss_ax.set(xlabel="step", title="nothing logged yet")
+        self.title = self.fig.suptitle("", fontsize=10)
+        self._lines: dict[tuple[Any, str], Any] = {}
+        self.breakdown: BreakdownBars | None = None  # a third axes, once a rank has timed its loop
+
+    def update(self, run: Run, total_steps: int | None = None, now: float | None = None) -> None:
+        name = loss_name(run)
+        if name:
+            for rank, (steps, values) in sorted(run.series(name).items()):
+                self._line(self.loss_ax, f"rank {rank}", _thin(steps, values), lw=1, alpha=0.35)
+            self._line(self.loss_ax, "mean", _thin(*run.mean(name)), **BOLD)
+            self.loss_ax.set(ylabel=name, title=name)
+        rates = run.rates(SAMPLES)
+        for rank, (times, values) in sorted(rates.items()):
+            self._line(self.speed_ax, f"rank {rank}", _thin(times, values), lw=1, alpha=0.6)
+        if len(rates) > 1:
+            self._line(self.speed_ax, "total", _thin(*_total(rates)), **BOLD)
+        for ax in (self.loss_ax, self.speed_ax):
+            ax.set_autoscale_on(True)  # set_ylim below turned it off: fit the new data
+            ax.relim()
+            ax.autoscale_view()
+        self.speed_ax.set_ylim(bottom=0)
+        breakdown = run.breakdown()
+        if breakdown:
+            self._breakdown().update(breakdown, run.straggler())
+        self.title.set_text(progress(run, total_steps, now))
+
+    def _breakdown(self) -> BreakdownBars:
+        """The breakdown's axes, made at the first breakdown: the figure widens to hold it
+        (a loop without the counters keeps the two-axes panel)."""
+        if self.breakdown is None:
+            grid = self.fig.add_gridspec(1, 3, width_ratios=(1, 1, 0.8))
+            for ax, cell in zip((self.loss_ax, self.speed_ax), grid, strict=False):
+                ax.set_subplotspec(cell)
+            self.fig.set_size_inches(13, 3.4)
+            self.fig.subplots_adjust(left=0.055, right=0.985, wspace=0.25)
+            self.breakdown = BreakdownBars(self.fig.add_subplot(grid[2]))
+        return self.breakdown
+
+    def png(self, run: Run, total_steps: int | None = None, now: float | None = None) -> bytes:
+        self.update(run, total_steps, now)
+        return self.render()
+
+    def render(self) -> bytes:
+        """The figure as it stands, as PNG bytes."""
+        return to_png(self.fig)
+
+    def _line(self, ax, label: str, data: tuple[list, list], **style) -> None:
+        line = self._lines.get((ax, label))
+        if line is not None:
+            line.set_data(*data)
+            return
+        (self._lines[ax, label],) = ax.plot(*data, label=label, **style)
+        # ranks in order, then the mean or total, however late a rank's first record came
+        lines = sorted(ax.lines, key=lambda line: _legend_order(line.get_label()))
+        loc = "upper right" if ax is self.loss_ax else "lower right"
+        ax.legend(handles=lines, loc=loc, fontsize=8)
+
+
+def _legend_order(label: str) -> tuple[int, int]:
+    kind, _, rank = label.partition(" ")
+    return (0, int(rank)) if kind == "rank" else (1, 0)
+
+
+def _thin(xs: list, ys: list, most: int = 500) -> tuple[list, list]:
+    """At most ``most`` points, evenly spaced, the last one kept: a panel is 400 pixels wide."""
+    if len(xs) <= most:
+        return xs, ys
+    stride = -(-len(xs) // most)
+    keep = [*range(0, len(xs) - 1, stride), len(xs) - 1]
+    return [xs[i] for i in keep], [ys[i] for i in keep]
+
+
+def _total(rates: dict[int, tuple[list[float], list[float]]]) -> tuple[list[float], list[float]]:
+    """Sum of the ranks' rates, each held at its last value until its next sample."""
+    everyone = max(ts[0] for ts, _ in rates.values())  # before this, some ranks not yet heard
+    times = sorted({t for ts, _ in rates.values() for t in ts if t >= everyone})
+    total = []
+    for t in times:
+        s = 0.0
+        for ts, vs in rates.values():
+            i = _last_at_or_before(ts, t)
+            s += vs[i] if i >= 0 else 0.0
+        total.append(s)
+    return times, total
+
+
+def _last_at_or_before(times: list[float], t: float) -> int:
+    return bisect.bisect_right(times, t) - 1
+
+
+def has_a_curve(run: Run) -> bool:
+    """A panel is worth drawing once there is a logged metric or two throughput samples."""
+    return bool(run.names() or run.rates(SAMPLES))
