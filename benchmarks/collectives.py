@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from nbaccel import collectives
+from nbaccel.accelerator import collectives
 from nbaccel.env import find_free_port
 
 SIZES = {"metric (1 float)": (1,), "logits (64 x 64)": (64, 64), "large (1M floats)": (2**20,)}

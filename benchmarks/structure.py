@@ -139,7 +139,7 @@ def measure() -> dict:
         "lines": dict(sorted(lines.items(), key=lambda kv: -kv[1])),
         "over_limit": {m: n for m, n in lines.items() if n > MAX_LINES},
         "cycles": cycles(graph),
-        "accelerator_back_end_ifs": back_end_branches(PACKAGE / "accelerator.py"),
+        "accelerator_back_end_ifs": back_end_branches(PACKAGE / "accelerator" / "accelerator.py"),
         "notebook_tooling_in_package": sorted(tooling),
         "imports": {m: sorted(t) for m, t in sorted(graph.items())},
     }

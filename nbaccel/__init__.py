@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Accelerator": "accelerator",
+    "Accelerator": "accelerator.accelerator",
     "set_seed": "utils",
-    "DataLoaderConfiguration": "data",
-    "GradientAccumulationPlugin": "optim",
-    "DistributedType": "state",
-    "PartialState": "state",
+    "DataLoaderConfiguration": "accelerator.data.sharding",
+    "GradientAccumulationPlugin": "accelerator.accumulation",
+    "DistributedType": "accelerator.state",
+    "PartialState": "accelerator.state",
     "send_to_device": "utils",
     "CheckpointError": "errors",
     "LaunchError": "errors",
@@ -30,9 +30,9 @@ _EXPORTS = {
     "measure_scaling": "scaling",
     "Recorder": "observe.rank_recorder",
     "Tracker": "observe.rank_recorder",  # Recorder's old name
-    "FSDPPlugin": "sharding",
-    "DeepSpeedPlugin": "zero",
-    "ProjectConfiguration": "project",
+    "FSDPPlugin": "accelerator.strategies.sharding",
+    "DeepSpeedPlugin": "accelerator.strategies.zero",
+    "ProjectConfiguration": "accelerator.project",
     "GeneralTracker": "observe.trackers.general",
     "LoggerType": "observe.trackers.general",
 }
@@ -61,21 +61,21 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .accelerator import Accelerator
-    from .data import DataLoaderConfiguration
+    from .accelerator.accelerator import Accelerator
+    from .accelerator.accumulation import GradientAccumulationPlugin
+    from .accelerator.data.sharding import DataLoaderConfiguration
+    from .accelerator.project import ProjectConfiguration
+    from .accelerator.state import DistributedType, PartialState
+    from .accelerator.strategies.sharding import FSDPPlugin
+    from .accelerator.strategies.zero import DeepSpeedPlugin
     from .errors import CheckpointError, LaunchError, NbaccelError
     from .launcher import notebook_launcher
     from .observe.live.view import LiveView
     from .observe.rank_recorder import Recorder, Tracker
     from .observe.records import Run
     from .observe.trackers.general import GeneralTracker, LoggerType
-    from .optim import GradientAccumulationPlugin
-    from .project import ProjectConfiguration
     from .scaling import measure_scaling
-    from .sharding import FSDPPlugin
-    from .state import DistributedType, PartialState
     from .utils import send_to_device, set_seed
-    from .zero import DeepSpeedPlugin
 
 
 def __getattr__(name: str) -> Any:

@@ -49,7 +49,7 @@ def serve(control_fd: int) -> None:
     import torch.distributed
     import torch.nn  # noqa: F401
 
-    import nbaccel.accelerator  # noqa: F401
+    import nbaccel.accelerator.accelerator  # noqa: F401
 
     control = socket.socket(fileno=control_fd)
     wake_r, wake_w = os.pipe()
@@ -158,8 +158,8 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
     import torch
     import torch.distributed as dist
 
-    from .data import to_cpu
     from .observe.channel import flush_all
+    from .tensors import to_cpu
 
     faulthandler.enable()  # a segfault still prints a Python traceback into the cell
     os.environ.clear()

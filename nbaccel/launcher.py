@@ -346,7 +346,7 @@ def _run_here(function, args, kwargs, config: LaunchConfig, run: Run) -> Any:
 
 
 def _call_here(function, args, kwargs, env: dict[str, str], run: Run) -> Any:
-    from .data import to_cpu
+    from .tensors import to_cpu
 
     changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
     saved = {k: os.environ.get(k) for k in changed}

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from . import tensors
-from .accumulation import GradientAccumulationPlugin
-from .collectives import (
+from .accelerator.accumulation import GradientAccumulationPlugin
+from .accelerator.collectives import (
     Reduction,
     broadcast,
     broadcast_object_list,
@@ -28,11 +28,11 @@ from .collectives import (
     reduce,
     world_size,
 )
-from .data import DataLoaderConfiguration
+from .accelerator.data.sharding import DataLoaderConfiguration
+from .accelerator.project import ProjectConfiguration
+from .accelerator.state import DistributedType, PartialState
 from .env import DistEnv
 from .observe.trackers.general import LoggerType
-from .project import ProjectConfiguration
-from .state import DistributedType, PartialState
 
 __all__ = [
     "DataLoaderConfiguration",

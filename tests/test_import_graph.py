@@ -118,14 +118,18 @@ def test_the_projection_model_imports_neither_torch_nor_its_figure():
 
 
 def test_the_collectives_are_one_module_that_utils_re_exports():
-    import nbaccel.collectives as collectives
+    import nbaccel.accelerator.collectives as collectives
     import nbaccel.utils as utils
 
     for name in collectives.__all__:
         if name != "world_size":
             assert getattr(utils, name) is getattr(collectives, name), name
     loaded = imported_after("import nbaccel.utils")
-    assert not loaded & {"nbaccel.accelerator", "nbaccel.optim", "nbaccel.zero"}
+    assert not loaded & {
+        "nbaccel.accelerator.accelerator",
+        "nbaccel.accelerator.optim",
+        "nbaccel.accelerator.strategies.zero",
+    }
 
 
 def test_the_notebook_tooling_is_outside_the_package_and_has_no_cycle():

@@ -24,7 +24,7 @@ def calibration_worker(hidden: int = 1024, layers: int = 4, batch_size: int = 32
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from ..accelerator import Accelerator
+    from ..accelerator.accelerator import Accelerator
 
     accelerator = Accelerator(live=False)
     device = accelerator.device

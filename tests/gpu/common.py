@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from nbaccel import set_seed
 
-from ..test_multiprocess import make_data, make_model
+from ..accelerator.test_multiprocess import make_data, make_model
 
 #: Every module of the tier: ``-m gpu`` selects it; without CUDA it is skipped, saying why.
 GPU = [

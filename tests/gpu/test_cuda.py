@@ -12,7 +12,7 @@ from nbaccel import Accelerator
 from nbaccel.observe.channel import MEMORY
 from nbaccel.observe.live.line import progress
 
-from ..test_multiprocess import make_data, make_model, resume
+from ..accelerator.test_multiprocess import make_data, make_model, resume
 from .common import GPU, exact_float32, fit, gap
 
 pytestmark = GPU

@@ -4,7 +4,7 @@ same global batch: DDP, FSDP2 in bf16, DeepSpeed ZeRO 2/3 in fp16, and save/load
 Tolerances (largest absolute weight difference after 16-32 SGD steps with momentum, weights of
 order 0.1-1):
 * float32 DDP: two half-batch gradients averaged against one full batch, sums in another order:
-  ``DDP_TOLERANCE`` (1e-5), as on gloo (``tests/test_multiprocess.py``).
+  ``DDP_TOLERANCE`` (1e-5), as on gloo (``tests/accelerator/test_multiprocess.py``).
 * bf16 (8 significant bits, about 4e-3 relative): FSDP2 computes in bf16 and reduces in float32;
   the reference is float32. Measured on the CPU for this loop: 4.6e-3 (FSDP2, 2 ranks, gloo),
   7.9e-3 (ZeRO 2 in bf16, 2 ranks), 4.7e-3 (one process under torch's autocast).
@@ -27,9 +27,9 @@ import torch
 
 from nbaccel import Accelerator, DeepSpeedPlugin
 
+from ..accelerator.strategies.test_fsdp import SHARD_ALL, save_then_load, sharded_accelerator
+from ..accelerator.test_multiprocess import DDP_TOLERANCE, resume
 from ..distributed import run_ranks
-from ..test_multiprocess import DDP_TOLERANCE, resume
-from ..test_sharding import SHARD_ALL, save_then_load, sharded_accelerator
 from .common import GPU, TWO_GPUS, exact_float32, fit, gap, initial_weights
 
 pytestmark = GPU

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ...accelerator.test_resume import LOOP
 from ...kernel import kernel_with, no_workers_left
-from ...test_resume import LOOP
 from .test_trackers import (
     installed,
     mlflow_run,

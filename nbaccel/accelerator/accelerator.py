@@ -1,0 +1,395 @@
+"""The Accelerator: one object that makes a plain PyTorch loop run on 1..N processes.
+
+Read this after lesson 4. Everything it does is something lesson 2 wrote out by hand:
+
+* ``__init__`` reads the launch's choices, joins the process group (``state.py``) and picks a
+  strategy, how the ranks share the model (``strategies/``: one process, DDP, FSDP2, DeepSpeed).
+  Nothing below asks which one it got.
+* ``prepare`` hands models and optimizers to the strategy, and shards each DataLoader so every
+  rank sees distinct samples (``data.py``).
+* ``backward`` and ``accumulate`` walk one accumulation window (``accumulation.py``).
+
+No hidden globals: two Accelerators in one process share nothing, except what torch itself keeps
+process-wide: the default process group (created by the first Accelerator that needs it and
+destroyed by that one's ``end_training``), the global RNGs, and CUDA's current device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader
+
+from ..config import LaunchConfig, MixedPrecision, check_mode
+from ..env import DistEnv
+from ..observe import breakdown
+from ..observe.rank_recorder import Recorder
+from ..observe.trackers.log_with import Trackers
+from . import collectives
+from .accumulation import AccumulationWindow, GradientAccumulationPlugin, accumulation_plugin
+from .data.loader import LoopState, PreparedDataLoader
+from .data.sharding import DataLoaderConfiguration, prepare_dataloader
+from .join import join_uneven
+from .optim import AcceleratedOptimizer, AcceleratedScheduler
+from .project import ProjectConfiguration
+from .saving import Checkpointing
+from .state import DistributedType, PartialState
+from .strategies import choose
+from .strategies.sharding import FSDPPlugin
+from .strategies.zero import DeepSpeedPlugin  # DeepSpeed itself loads on demand
+
+if TYPE_CHECKING:
+    from ..observe.live.view import LiveView
+    from ..observe.records import Run
+
+
+class Accelerator(Checkpointing, PartialState):
+    """Device placement, DDP, mixed precision and gradient accumulation for a training loop.
+
+    >>> accelerator = Accelerator(mixed_precision="no", gradient_accumulation_steps=2)
+    >>> accelerator.num_processes, accelerator.is_main_process
+    (1, True)
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``; ``None`` takes the launch default
+            (``nbaccel launch --mixed-precision``, ``notebook_launcher(mixed_precision=...)``),
+            else ``"no"``.
+        gradient_accumulation_steps: micro-batches per optimizer step inside ``accumulate``.
+        cpu: use the CPU even when a GPU is present; ``None`` takes the launch default
+            (``nbaccel launch --cpu``, ``notebook_launcher(cpu=True)``), else False.
+        live: without a launcher listening (one process in a notebook, or torchrun), show the
+            live view on the main process: the panel in a notebook, a progress line on stderr
+            elsewhere (or pass your own ``LiveView``). Under ``notebook_launcher`` the notebook
+            draws it, whatever this says.
+        fsdp_plugin: shard parameters, gradients and optimizer state over the ranks with
+            PyTorch's FSDP2 instead of replicating them with DDP
+            (``nbaccel.accelerator.strategies.fsdp``). A launch with ``fsdp=True`` (``nbaccel launch
+            --fsdp``) makes it the default.
+        deepspeed_plugin: train through a DeepSpeed engine with ZeRO sharding
+            (``nbaccel.accelerator.strategies.zero``). A launch with ``zero_stage=N`` (``nbaccel
+            launch --deepspeed
+            --zero-stage N``) makes ``DeepSpeedPlugin(zero_stage=N)`` the default.
+        log_with: experiment trackers (``"tensorboard"``, ``"mlflow"``, ``"wandb"``, ``"all"``,
+            a list, or ``GeneralTracker`` objects: ``nbaccel.observe.trackers``), started by
+            ``init_trackers``; ``log`` writes to them on the main process.
+        project_dir, project_config: the run's folder, for the trackers' files and for
+            checkpoints that name themselves (``nbaccel.accelerator.project.ProjectConfiguration``).
+    """
+
+    def __init__(
+        self,
+        mixed_precision: MixedPrecision | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool | None = None,
+        live: bool | LiveView = True,
+        fsdp_plugin: FSDPPlugin | None = None,
+        deepspeed_plugin: DeepSpeedPlugin | None = None,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        log_with: Any = None,
+        project_dir: str | os.PathLike | None = None,
+        project_config: ProjectConfiguration | None = None,
+    ) -> None:
+        launch = LaunchConfig.from_environ()  # what notebook_launcher / nbaccel launch chose
+        precision_given = mixed_precision is not None or launch.mixed_precision is not None
+        if mixed_precision is None:
+            mixed_precision = launch.mixed_precision or "no"  # type: ignore[assignment]
+        mixed_precision = check_mode(mixed_precision)
+        plugin = accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin)
+        self.dataloader_config = DataLoaderConfiguration.checked(dataloader_config)
+        if not isinstance(step_scheduler_with_optimizer, bool):
+            raise TypeError(f"{step_scheduler_with_optimizer=} must be True or False")
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.gradient_accumulation_plugin = plugin
+        self.project_configuration = project_config or ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.set_directories(project_dir)
+        self._registered: list[Any] = []  # register_for_checkpointing's objects
+        self._steps_before = 0  # optimizer steps of the run this one resumed
+        self._trackers = Trackers(log_with, self.project_configuration.logging_dir)
+        plugins, chosen, kind = choose(  # refused before joining the process group
+            {"fsdp_plugin": fsdp_plugin, "deepspeed_plugin": deepspeed_plugin},
+            launch,
+            distributed=DistEnv.from_environ().is_distributed,
+        )
+        self.fsdp_plugin = plugins["fsdp_plugin"]
+        self.deepspeed_plugin = plugins["deepspeed_plugin"]
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[PreparedDataLoader] = []
+        super().__init__(cpu=launch.cpu if cpu is None else cpu)  # rank, device, process group
+        self._breakdown = breakdown.for_device(self.device)  # where the time goes, or None
+        try:
+            self.strategy = kind(chosen, self, mixed_precision, precision_given, plugin)
+            self.precision = self.strategy.precision
+            self.recorder = Recorder(live=live, device=self.device, breakdown=self._breakdown)
+        except BaseException:
+            self.destroy_process_group()  # nothing half-made outlives a refused Accelerator
+            raise
+        self._window = AccumulationWindow(
+            self.strategy.accumulation_steps, plugin, on_step=self.recorder.count
+        )
+        self.run: Run | None = self.recorder.run
+        self._loop = LoopState()
+        self._total_steps: int | None = None
+
+    # -- where this process stands: PartialState's names, and these ---------------------------
+    @property
+    def mixed_precision(self) -> str:
+        return self.precision.mode
+
+    @property
+    def state(self) -> Accelerator:
+        """Accelerate's ``AcceleratorState``: the Accelerator holds those facts itself."""
+        return self
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.strategy.distributed_type or super().distributed_type
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self._window.steps
+
+    @property
+    def sync_gradients(self) -> bool:
+        """False on the micro-batches of a window that only accumulate."""
+        return self._window.sync_gradients
+
+    @property
+    def step(self) -> int:
+        """Micro-batches seen by ``accumulate`` in the current window's count."""
+        return self._window.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._window.step = value
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self.precision.scaler
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """True when fp16 found inf/NaN gradients and skipped the last real step."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(rank={self.rank}, num_processes={self.num_processes}, "
+            f"device={self.device}, mixed_precision={self.mixed_precision!r}, "
+            f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
+        )
+
+    # -- prepare -------------------------------------------------------------------------------
+    def prepare(self, *objects: Any) -> Any:
+        """Prepare models, optimizers, DataLoaders and LR schedulers; return them in order.
+
+        * ``nn.Module``: on ``device``, wrapped by the strategy (DDP with several processes);
+          its forward runs under autocast with mixed precision (outputs come back float32).
+        * ``Optimizer``: follows the accumulation window (``optim``): ``step()`` waits for its
+          last micro-batch; with fp16 the GradScaler steps inside ``step()``.
+        * ``DataLoader``: each rank gets ``batch_size`` distinct samples per step, on ``device``.
+        * LR scheduler: steps only when its optimizer really stepped.
+        """
+        prepared = self.strategy.prepare(objects, self._prepare_one)
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def _prepare_one(self, obj: Any) -> Any:
+        if isinstance(obj, AcceleratedScheduler | PreparedDataLoader):
+            return obj
+        if isinstance(obj, torch.nn.Module):
+            return _kept(self._models, self.strategy.prepare_model(obj))
+        if isinstance(obj, AcceleratedOptimizer):
+            return _kept(self._optimizers, obj)
+        if isinstance(obj, torch.optim.Optimizer):
+            return _kept(self._optimizers, self.strategy.prepare_optimizer(obj, self._window))
+        if isinstance(obj, DataLoader):
+            config, loop = self.dataloader_config, self._loop  # counted by the recorder
+            loader = prepare_dataloader(obj, self.env, self.device, config, loop, self.recorder)
+            return _kept(self._dataloaders, loader)
+        if isinstance(obj, LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau):
+            batches = 1 if self.split_batches else self.num_processes
+            per_step = batches if self.step_scheduler_with_optimizer else None
+            return _kept(self._schedulers, AcceleratedScheduler(obj, self._window, per_step))
+        raise TypeError(
+            f"prepare() got a {type(obj).__module__}.{type(obj).__qualname__}; it prepares "
+            "torch.nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader and LR "
+            "schedulers. Pass other objects around prepare(), unchanged."
+        )
+
+    # -- the training step -----------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided by ``gradient_accumulation_steps`` and scaled for fp16.
+
+        Pass the loss of one micro-batch as it is: do not divide it yourself.
+        """
+        self._window.backward()
+        with breakdown.computing(self._breakdown):  # DDP's waiting for gradients taken out
+            self.strategy.backward(loss, self.sync_gradients, **kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """One micro-batch of a gradient-accumulation window.
+
+        ``sync_gradients`` becomes True on every ``gradient_accumulation_steps``-th call and on
+        the last batch of a prepared DataLoader; on the other calls DDP skips its all-reduce
+        (``no_sync``) and the prepared optimizer's ``step()`` does nothing. The
+        ``GradientAccumulationPlugin`` changes when windows end and sync.
+        """
+        self._window.advance(self._loop.end_of_dataloader)
+        with contextlib.ExitStack() as stack:
+            for model in models if self._window.skips_sync else ():
+                stack.enter_context(self.no_sync(model))
+            yield
+
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None):
+        """Train or evaluate on batches that do not divide evenly among the ranks (torch's
+        ``Join``: see ``nbaccel.accelerator.join``). ``even_batches`` overrides the prepared
+        loaders' setting
+        inside the block; with even batches, or one process, it does nothing."""
+        if not self.use_distributed:
+            return contextlib.nullcontext()
+        default = self.dataloader_config.even_batches
+        return join_uneven(joinables, self._dataloaders, even_batches, default)
+
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Make the next ``backward`` inside the block all-reduce, even inside ``no_sync`` or a
+        mid-window ``accumulate`` (say, before an optimizer step that a loop takes early)."""
+        return self.strategy.sync_in_backward(model)
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Skip DDP's gradient all-reduce (FSDP's reduce-scatter) inside the block."""
+        return self.strategy.no_sync(model)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Autocast for code outside a prepared model's forward (a no-op with ``"no"``)."""
+        return self.precision.autocast()
+
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0):
+        """Clip the accumulated gradient's norm; returns the norm before clipping.
+
+        Only on the micro-batch that syncs (returns None on the others): clipping a partial
+        sum would clip the wrong gradient. Unscales fp16 gradients first. Under DeepSpeed the
+        engine clips inside its step, at ``DeepSpeedPlugin(gradient_clipping=...)``: this
+        checks that the norms agree and returns None.
+        """
+        if not self._unscaled_at_window_end():
+            return None
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters, clip_value: float) -> None:
+        """Clamp each gradient element to ``[-clip_value, clip_value]`` on the syncing step."""
+        if self._unscaled_at_window_end():
+            self.strategy.clip_grad_value_(parameters, clip_value)
+
+    def _unscaled_at_window_end(self) -> bool:
+        if self.sync_gradients:
+            self.precision.unscale_(*(o.optimizer for o in self._optimizers))
+        return self.sync_gradients
+
+    # -- collectives: PartialState's (gather, reduce, ...), and this one ----------------------
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """``gather`` per-sample values, dropping the repeats that topped up the last batch:
+        over a prepared loader of ``n`` samples, exactly ``n`` rows. Non-tensor data (lists of
+        strings, say) is gathered as Python objects, as with ``use_gather_object=True``."""
+        if not self.use_distributed:
+            return input_data
+        with breakdown.communicating(self._breakdown, "gather_for_metrics"):
+            return collectives.gather_for_metrics(input_data, self._loop, use_gather_object)
+
+    # -- the live view and the experiment trackers ---------------------------------------------
+    def log(
+        self, values: Mapping[str, Any], step: int | None = None, log_kwargs: dict | None = None
+    ) -> None:
+        """Send numbers (floats, ints, 0-d tensors) to the live view, on every rank, and
+        ``values`` to the trackers ``init_trackers`` started (strings too: TensorBoard text).
+
+        ``step`` defaults, in the live view, to the number of earlier ``log`` calls on this
+        rank; in the trackers, to the optimizer steps taken (counted on across ``load_state``).
+        ``log_kwargs``: per tracker, ``{"wandb": {...}}``. Never blocks training.
+        """
+        if not self._trackers.chosen:
+            self.recorder.log(values, step)
+            return
+        other = {k: v for k, v in values.items() if isinstance(v, str | Mapping)}  # trackers'
+        numbers = self.recorder.log({k: v for k, v in values.items() if k not in other}, step)
+        steps = self._steps_before + self.recorder.optimizer_steps
+        self._trackers.log({**numbers, **other}, steps if step is None else step, log_kwargs)
+
+    def init_trackers(
+        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
+    ) -> None:
+        """Start the ``log_with`` trackers for a run named ``project_name`` (on the main
+        process), recording ``config``, the hyperparameters; ``init_kwargs`` go to each
+        library, e.g. ``{"wandb": {"entity": "me"}}``. Every rank may call it."""
+        self._trackers.start(project_name, config, init_kwargs, self.is_main_process)
+
+    @property
+    def tracker(self) -> Recorder:
+        """``recorder``'s old name (a *tracker* is now only Accelerate's kind: ``trackers``)."""
+        return self.recorder
+
+    @property
+    def trackers(self) -> list:
+        return list(self._trackers.started)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker ``name`` (``unwrap``: the library's own object: the
+        SummaryWriter, the MlflowClient, the wandb run); on other ranks one that does nothing."""
+        return self._trackers.get(name, unwrap)
+
+    @property
+    def total_steps(self) -> int | None:
+        """Set it to the batches the loop will take (e.g. ``epochs * len(loader)``) and the
+        progress line shows an ETA. The line counts optimizer steps, so with accumulation over
+        K batches it shows ``total_steps / K`` (rounded up) as the total."""
+        return self._total_steps
+
+    @total_steps.setter
+    def total_steps(self, value: int) -> None:
+        self._total_steps = value
+        self.recorder.total_steps = -(-value // self.gradient_accumulation_steps)
+
+    # -- models and checkpoints ------------------------------------------------------------------
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True):
+        """The user's own module inside DDP and ``torch.compile`` wrappers.
+
+        Its ``state_dict()`` has no ``module.`` prefix, so it loads into a plain model.
+        ``keep_fp32_wrapper=False`` also removes the autocast that ``prepare`` put on forward.
+        """
+        return self.strategy.unwrap(model, keep_autocast=keep_fp32_wrapper)
+
+    def end_training(self) -> None:
+        """Send the last metrics, draw the final view, finish the trackers, and destroy the
+        process group this Accelerator created (safe to call twice)."""
+        self.recorder.close()
+        self._trackers.finish()
+        self.destroy_process_group()
+
+    def destroy_process_group(self) -> None:
+        strategy = self.__dict__.get("strategy")  # None when __init__ was refused early
+        if strategy is None:
+            return super().destroy_process_group()
+        try:
+            strategy.end(self._models, leave_group=self._owns_process_group)
+        finally:
+            self._owns_process_group = False
+
+
+def _kept(objects: list[Any], obj: Any) -> Any:
+    """``obj``, remembered once among the Accelerator's prepared objects."""
+    if not any(o is obj for o in objects):
+        objects.append(obj)
+    return obj

@@ -1,0 +1,139 @@
+"""Gradient accumulation: the window of micro-batches whose gradients make one optimizer step.
+
+One ``AccumulationWindow`` per Accelerator holds the whole state of accumulation, and the
+prepared optimizers and schedulers consult it (``nbaccel.accelerator.optim``):
+
+* ``advance`` opens the next micro-batch (``accumulate``) and says whether it ends the window:
+  then ``sync_gradients`` is True, DDP all-reduces and the optimizer really steps;
+* ``backward`` notes gradients that no step has used yet, which ``zero_grad`` must then keep;
+* ``stepped`` is the window's end: the optimizer reports whether it changed the weights (fp16
+  skips a step for inf/NaN gradients), which is what its scheduler asks before it steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GradientAccumulationPlugin:
+    """Accelerate's accumulation options: ``Accelerator(gradient_accumulation_plugin=...)``.
+
+    Args:
+        num_steps: micro-batches per optimizer step (``gradient_accumulation_steps``).
+        adjust_scheduler: accepted for Accelerate's scripts; either way nbaccel's scheduler
+            counts real optimizer steps (in Accelerate, too, it only moves a counter of torch's
+            that warns about step order, never the learning rate).
+        sync_with_dataloader: end the window on a prepared DataLoader's last batch (default);
+            False lets a window run on into the next epoch.
+        sync_each_batch: all-reduce the gradients on every micro-batch instead of holding them
+            unsynced until the window's end: less memory, more traffic. Same numbers.
+    """
+
+    num_steps: int | None = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+    def __post_init__(self) -> None:
+        steps = self.num_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(
+                f"GradientAccumulationPlugin(num_steps={steps!r}): give the micro-batches per "
+                "optimizer step as a positive int, e.g. num_steps=4"
+            )
+        for name in ("adjust_scheduler", "sync_with_dataloader", "sync_each_batch"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"GradientAccumulationPlugin({name}=...) must be True or False")
+
+
+def accumulation_plugin(
+    steps: int, plugin: GradientAccumulationPlugin | None
+) -> GradientAccumulationPlugin:
+    """The one plugin that ``gradient_accumulation_steps`` or ``gradient_accumulation_plugin``
+    (Accelerate takes either, never both) describes."""
+    if plugin is not None:
+        if not isinstance(plugin, GradientAccumulationPlugin):
+            raise TypeError(
+                f"gradient_accumulation_plugin={plugin!r} must be a "
+                "nbaccel.utils.GradientAccumulationPlugin"
+            )
+        if steps != 1:
+            raise ValueError(
+                "give gradient_accumulation_steps or gradient_accumulation_plugin, not both "
+                "(the plugin's num_steps is the number of steps)"
+            )
+        return plugin
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise TypeError(
+            f"gradient_accumulation_steps={steps!r} must be an int "
+            f"(got {type(steps).__name__}), e.g. 4."
+        )
+    if steps < 1:
+        raise ValueError(
+            f"gradient_accumulation_steps={steps} must be a positive int; use 1 to step the "
+            "optimizer on every batch."
+        )
+    return GradientAccumulationPlugin(num_steps=steps)
+
+
+class AccumulationWindow:
+    """Where the loop stands inside one optimizer step's micro-batches.
+
+    Args:
+        steps: micro-batches per window (a back end may have settled it: DeepSpeed's config).
+        plugin: when windows end early (the data's end) and whether every micro-batch syncs.
+        on_step: called with ``optimizer_steps=0 or 1`` at each window's end (the live view
+            counts steps with it).
+    """
+
+    def __init__(
+        self,
+        steps: int,
+        plugin: GradientAccumulationPlugin,
+        on_step: Callable[..., Any] | None = None,
+    ) -> None:
+        self.steps = steps
+        self.plugin = plugin
+        self.step = 0  # micro-batches seen by advance(), counted from the window's start
+        self.sync_gradients = True  # False on the micro-batches that only accumulate
+        self.holds_gradients = False  # gradients that no optimizer step has used yet
+        self._on_step = on_step
+        self._stepped: dict[int, bool] = {}  # id(optimizer) -> its last real step changed it
+
+    def advance(self, end_of_dataloader: bool) -> bool:
+        """Start the next micro-batch; True when it ends the window (its step is real)."""
+        if self.plugin.sync_with_dataloader and end_of_dataloader:
+            self.step = 0  # the next epoch starts a fresh window
+            self.sync_gradients = True
+        else:
+            self.step += 1
+            self.sync_gradients = self.step % self.steps == 0
+        return self.sync_gradients
+
+    @property
+    def skips_sync(self) -> bool:
+        """This micro-batch's gradients stay local (DDP's ``no_sync``)."""
+        return not self.sync_gradients and not self.plugin.sync_each_batch
+
+    def backward(self) -> None:
+        if not self.sync_gradients:
+            self.holds_gradients = True
+
+    def track(self, optimizer: Any) -> None:
+        """A prepared optimizer: its scheduler waits for its first real step."""
+        self._stepped[id(optimizer)] = False
+
+    def stepped(self, optimizer: Any, changed: bool) -> None:
+        """The window's end: ``optimizer`` stepped, and ``changed`` says if the weights moved."""
+        self._stepped[id(optimizer)] = changed
+        self.holds_gradients = False
+        if self._on_step is not None:
+            self._on_step(optimizer_steps=int(changed))
+
+    def has_stepped(self, optimizer: Any) -> bool:
+        """Whether ``optimizer``'s last real step changed the weights (True for one that was not
+        prepared: its scheduler steps with each window)."""
+        return self._stepped.get(id(optimizer), True)

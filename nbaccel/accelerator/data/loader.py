@@ -1,0 +1,270 @@
+"""The prepared DataLoader: this rank's batches, on the device, one batch ahead; and how a
+pass that a killed run left halfway resumes where it stopped.
+
+``Accelerator.prepare`` builds it (``data.prepare_dataloader``) around the sharded loader.
+Resuming: ``save_state`` keeps each loader's ``state_dict()`` (its epoch and, for a pass in
+progress, the batches it yielded and the torch RNG state the pass began with); after
+``load_state``, ``accelerator.skip_first_batches(loader, n)`` (``loader.skip(n)``) runs the rest
+of that pass in the order it had: the sampler draws its shuffle from the saved state, and the
+RNG goes back to the checkpoint's before any batch is read (``samplers.Replay``). A resumed run
+then sees exactly the batches, and draws exactly the random numbers, of the run that died.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from ...tensors import send_to_device
+from .samplers import Replay, ShardedBatchSampler, fixed_batch_size
+
+if TYPE_CHECKING:
+    from ...observe.breakdown import Breakdown
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)  # compared by identity: two passes may hold equal values
+class _Pass:
+    remainder: int | None
+    end: bool = False
+
+
+@dataclass
+class LoopState:
+    """Which prepared loader is being iterated, and whether this is its last batch.
+
+    ``accumulate`` reads it to sync gradients at the end of the data, and ``gather_for_metrics``
+    to drop the repeats that topped up the last step. One per Accelerator: no global state.
+    """
+
+    active: list[_Pass] = field(default_factory=list)  # a stack: eval loop inside a train loop
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        return bool(self.active) and self.active[-1].end
+
+    @property
+    def remainder(self) -> int | None:
+        """Real samples in the last global step, when that step was topped up; else None."""
+        return self.active[-1].remainder if self.active else None
+
+
+def with_batch_sampler(loader: DataLoader, batch_sampler: Any, as_sampler: bool) -> DataLoader:
+    where = {"sampler": batch_sampler, "batch_size": None} if as_sampler else {}
+    return DataLoader(
+        loader.dataset,
+        **(where or {"batch_sampler": batch_sampler}),
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
+        persistent_workers=loader.persistent_workers,
+    )
+
+
+class SkippedDataLoader:
+    """The next pass of a prepared loader without its first batches: iterating it is that
+    loader's pass (its epoch counts on); ``len`` is what is left."""
+
+    def __init__(self, loader: PreparedDataLoader, num_batches: int) -> None:
+        if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0:
+            raise ValueError(f"skip_first_batches: num_batches={num_batches!r} must be an int >= 0")
+        self.loader, self.num_batches = loader, num_batches
+
+    def __len__(self) -> int:
+        return max(len(self.loader) - self.num_batches, 0)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.loader._pass(self.num_batches)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+
+class PreparedDataLoader:
+    """Iterates a (sharded) DataLoader and yields batches already on ``device``.
+
+    It looks one batch ahead so that it knows, before yielding it, which batch is the last:
+    ``accumulate`` then syncs gradients there even if the window is not full. Like Accelerate's
+    loader it counts epochs: each pass starts with ``set_epoch(epoch)``, and a complete pass
+    adds one.
+    """
+
+    def __init__(
+        self,
+        loader: DataLoader,
+        device: torch.device,
+        state: LoopState,
+        on_batch: Callable[[int], None] | None = None,
+        on_end: Callable[[], None] | None = None,
+        *,
+        non_blocking: bool = False,
+        breakdown: Breakdown | None = None,
+    ) -> None:
+        self.loader, self.device, self.state = loader, device, state
+        self.on_batch = on_batch  # told each batch's sample count, for the live view
+        self.on_end = on_end  # told when a pass over the data is complete
+        self.breakdown = breakdown  # told how long each batch took to arrive
+        # a copy to the GPU can run behind the compute (fully so from pinned memory); a CPU
+        # "copy" has nothing to overlap with
+        self._non_blocking = (non_blocking or bool(loader.pin_memory)) and device.type == "cuda"
+        self.epoch = 0
+        self._progress: tuple[torch.Tensor, int] | None = None  # pass in progress: RNG, batches
+        self._resume: dict[str, Any] | None = None  # a checkpoint's state, until the next pass
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def batch_size(self) -> int | None:
+        """Samples per batch on this rank (None: the batch sampler's batches vary in size)."""
+        if self.loader.batch_size is not None:
+            return self.loader.batch_size
+        return fixed_batch_size(self._batches)  # ShardedBatchSampler: this rank's
+
+    @property
+    def _batches(self) -> Any:
+        """What yields this rank's batches: the batch sampler, or a sampler that yields whole
+        batches itself (``DataLoader(sampler=BatchSampler(...), batch_size=None)``)."""
+        loader = self.loader
+        return loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        """Shuffle the next pass as epoch ``epoch``: tells the samplers that have ``set_epoch``
+        (the seeded sampler, a ``DistributedSampler``), else the dataset if it has one."""
+        self.epoch = epoch
+        told = False
+        for sampler in _samplers(self._batches):
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+                told = True
+        if not told and hasattr(self.loader.dataset, "set_epoch"):
+            self.loader.dataset.set_epoch(epoch)
+
+    def __getattr__(self, name: str) -> Any:  # dataset, sampler, ...
+        if name == "loader":
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._pass(skip=0)
+
+    def skip(self, num_batches: int) -> SkippedDataLoader:
+        """The next pass without its first ``num_batches`` batches (``skip_first_batches``)."""
+        return SkippedDataLoader(self, num_batches)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank's loader stands: its epoch, and for a pass in progress the batches
+        it yielded and the torch RNG state it began with (``save_state`` keeps it). Right
+        after ``load_state_dict``, the state it was given (the pass is still to resume)."""
+        if self._progress is not None:
+            begun, batches = self._progress
+            return {"epoch": self.epoch, "batches": batches, "rng": begun}
+        return dict(self._resume) if self._resume else {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state``: the next pass is epoch ``state["epoch"]``; when a pass was in
+        progress it is shuffled again exactly as it was (see ``samplers.Replay``), and
+        ``state["batches"]`` says how many of its batches to skip."""
+        self.epoch = state["epoch"]
+        self._resume = dict(state)
+
+    def _pass(self, skip: int) -> Iterator[Any]:
+        self.set_epoch(self.epoch)
+        frame = _Pass(None)
+        self.state.active.append(frame)
+        resume, self._resume = self._resume, None
+        replay = resume.get("rng") if resume else None
+        begun = torch.get_rng_state() if replay is None else replay
+        self._progress = (begun, skip)
+        try:
+            asked = self._asked()
+            loader, replaying = self._loader_for(skip, replay)
+            if replaying is not None:  # the pass's own draws, from the state they came from
+                replaying.resumed = torch.get_rng_state()
+                torch.set_rng_state(replay)  # type: ignore[arg-type]
+            try:
+                batches = iter(loader)
+                current = next(batches, _DONE)
+            finally:
+                if replaying is not None:
+                    replaying.restore()  # done already, unless the sampler never ran
+            while current is not _DONE:
+                following = next(batches, _DONE)  # read ahead: the wait for it is this batch's
+                if following is _DONE:  # the sampler is spent: it knows how the epoch ended
+                    frame.end = True
+                    sharded = self._batches
+                    if isinstance(sharded, ShardedBatchSampler):
+                        frame.remainder = sharded.remainder
+                batch = send_to_device(current, self.device, self._non_blocking)
+                if asked is not None:
+                    self.breakdown.waited_for_data(asked)  # type: ignore[union-attr]
+                if self.on_batch is not None:
+                    self.on_batch(_batch_len(current))
+                self._progress = (begun, self._progress[1] + 1)
+                yield batch
+                asked = self._asked()
+                current = following
+            self.epoch += 1
+            if self.on_end is not None:
+                self.on_end()
+        finally:  # complete, or left early (a break): no pass in progress to resume
+            self._progress = None
+            self.state.active.remove(frame)
+
+    def _loader_for(self, skip: int, replay: torch.Tensor | None) -> tuple[Any, Replay | None]:
+        """The loader for a pass: this one, or a copy whose batch sampler skips ``skip``
+        batches and, resuming, draws its shuffle as the pass first did (the ``Replay``)."""
+        if not skip and replay is None:
+            return self.loader, None
+        batches = self._batches
+        if batches is None or isinstance(self.loader.dataset, IterableDataset):
+            if replay is not None:
+                logger.warning("this DataLoader has no batch sampler: its order is not replayed")
+            return itertools.islice(self.loader, skip, None), None  # reads the skipped batches
+        as_sampler = self.loader.batch_sampler is None
+        replaying = Replay(batches, skip, replay)
+        loader = with_batch_sampler(self.loader, replaying, as_sampler)
+        return loader, (replaying if replay is not None else None)
+
+    def _asked(self) -> float | None:
+        """When the loop asked for a batch, on the breakdown's clock (None: not timed)."""
+        return None if self.breakdown is None else self.breakdown.now()
+
+
+def _samplers(batch_sampler: Any) -> Iterator[Any]:
+    """A batch sampler, the batch sampler it shards, and their samplers."""
+    while batch_sampler is not None:
+        yield batch_sampler
+        if getattr(batch_sampler, "sampler", None) is not None:
+            yield batch_sampler.sampler
+        batch_sampler = getattr(batch_sampler, "batch_sampler", None)
+
+
+def _batch_len(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor (0 if it has none)."""
+    while True:
+        if isinstance(batch, torch.Tensor):
+            return batch.shape[0] if batch.dim() else 1
+        if isinstance(batch, Mapping) and batch:
+            batch = next(iter(batch.values()))
+        elif isinstance(batch, list | tuple) and batch:
+            batch = batch[0]
+        else:
+            return 0
+
+
+_DONE = object()

@@ -1,0 +1,302 @@
+"""Where this process stands, without the training machinery: ``PartialState``.
+
+Accelerate's ``PartialState`` under the same names: the process facts (``num_processes``,
+``process_index``, ``device``, ``is_main_process``, ...), barriers, ``print`` and the
+decorators that run a function on one process only. The ``Accelerator`` builds on it, so every
+name here is an Accelerator's too.
+
+One difference, on purpose: Accelerate's state is a process-wide singleton, nbaccel's is an
+ordinary object (two share nothing but torch's default process group). Creating one joins the
+process group when the launch has several processes and none exists yet; the one that joined
+it leaves it in ``destroy_process_group()`` (the Accelerator's ``end_training``). Workers that
+``notebook_launcher`` started leave it anyway when the function returns.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import enum
+import functools
+import gc
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..config import LaunchConfig
+from ..env import DistEnv, backend_for, choose_device
+from ..observe.breakdown import Breakdown, communicating
+from ..observe.stacks import listen_from_environ
+from . import collectives
+from .collectives import Reduction
+
+
+class DistributedType(str, enum.Enum):
+    """How the processes train together, by Accelerate's names (compares equal to the string).
+
+    nbaccel reports the first five. The others are Accelerate's for devices and engines nbaccel
+    does not drive; they exist so that code comparing against them
+    (``if accelerator.distributed_type == DistributedType.XLA:``) runs here unchanged.
+    """
+
+    NO = "NO"  # one process
+    MULTI_CPU = "MULTI_CPU"  # DDP over gloo
+    MULTI_GPU = "MULTI_GPU"  # DDP over NCCL
+    FSDP = "FSDP"  # sharded by FSDP2 (several processes)
+    DEEPSPEED = "DEEPSPEED"  # a DeepSpeed engine (any number of processes)
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+
+
+class PartialState:
+    """This process's rank, device and process group, and what to do with them.
+
+    >>> state = PartialState(cpu=True)
+    >>> state.num_processes, state.process_index, state.is_main_process, state.distributed_type
+    (1, 0, True, <DistributedType.NO: 'NO'>)
+
+    Args:
+        cpu: use the CPU even when a GPU is present; ``None`` takes the launch default
+            (``notebook_launcher(cpu=True)``, ``nbaccel launch --cpu``), else False.
+    """
+
+    #: The Accelerator's ``nbaccel.observe.breakdown``, which counts the collectives below as
+    #: communication; a bare PartialState times nothing.
+    _breakdown: Breakdown | None = None
+
+    def __init__(self, cpu: bool | None = None) -> None:
+        self.env = DistEnv.from_environ()
+        listen_from_environ()  # under `nbaccel launch`: say where this rank is when asked
+        if cpu is None:
+            cpu = bool(LaunchConfig.from_environ().cpu)
+        self.device = choose_device(self.env.local_rank, cpu=cpu)
+        self._owns_process_group = False
+        self._triggered = False  # set_trigger since the last check_trigger
+        if self.env.is_distributed and not dist.is_initialized():
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(
+                backend_for(self.device), rank=self.env.rank, world_size=self.env.world_size
+            )
+            self._owns_process_group = True
+            atexit.unregister(_free_before_exit)  # once, however many joined
+            atexit.register(_free_before_exit)
+
+    # -- the facts (PyTorch's names, and Accelerate's) ------------------------------------------
+    @property
+    def process_index(self) -> int:
+        return self.env.rank
+
+    rank = process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def num_processes(self) -> int:
+        return self.env.world_size
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.env.is_distributed
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.env.rank == 0  # logs and saves
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.env.local_rank == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.env.rank == self.env.world_size - 1
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        if not self.use_distributed:
+            return DistributedType.NO
+        return (
+            DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+        )
+
+    @property
+    def backend(self) -> str | None:
+        """``"gloo"`` or ``"nccl"`` with several processes; None for one."""
+        return backend_for(self.device) if self.use_distributed else None
+
+    # -- together --------------------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """A barrier: every rank waits here until all have arrived."""
+        if self.use_distributed:
+            with communicating(self._breakdown, "wait_for_everyone (a barrier)"):
+                dist.barrier()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Rank 0 runs the block first (say, to download or cache data); the others follow."""
+        with self._first(self.is_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Each machine's local rank 0 runs the block first; the others follow."""
+        with self._first(self.is_local_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def _first(self, me: bool) -> Iterator[None]:
+        if not me:
+            self.wait_for_everyone()
+        yield
+        if me:
+            self.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this rank's contiguous share of a list, tuple, tensor or dict of them.
+
+        Shares differ by at most one item, the first ranks taking the extra ones;
+        ``apply_padding`` repeats the last item so they are equal (handy before ``gather``).
+        """
+        if isinstance(inputs, Mapping):
+            lengths = {len(v) for v in inputs.values()}
+            if len(lengths) > 1:
+                raise ValueError(
+                    f"split_between_processes splits every value of a dict alike, so they must "
+                    f"have one length; got lengths {sorted(lengths)}"
+                )
+        yield _split(inputs, self.process_index, self.num_processes, apply_padding)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    # -- one process only (decorators: the function returns None on the others) ----------------
+    def on_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        return self._only(function, self.is_main_process)
+
+    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        return self._only(function, self.is_local_main_process)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self._only(function, self.is_last_process)
+
+    def on_process(
+        self, function: Callable[..., Any] | None = None, process_index: int | None = None
+    ) -> Any:
+        """``@state.on_process(process_index=1)``: run on that process only."""
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return self._only(function, self.process_index == _index(process_index, "process"))
+
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Any:
+        """``@state.on_local_process(local_process_index=0)``: that local rank of each node."""
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        index = _index(local_process_index, "local_process")
+        return self._only(function, self.local_process_index == index)
+
+    def _only(self, function: Callable[..., Any] | None, here: bool) -> Any:
+        if function is None:  # used with parentheses: @state.on_main_process()
+            return functools.partial(self._only, here=here)
+        if not callable(function):
+            raise TypeError(f"{function!r} is not a function: decorate one, @state.on_...")
+
+        @functools.wraps(function)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if here or not self.use_distributed else None
+
+        return run
+
+    # -- collectives (nbaccel.accelerator.collectives, on the default process group)
+    # -----------------------
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate each tensor across ranks along dim 0, in rank order (0-d tensors stack).
+
+        Every rank must pass tensors of the same shape (else every rank raises a ``ValueError``
+        naming each rank's shape); see ``pad_across_processes``.
+        """
+        with communicating(self._breakdown, "gather"):
+            return collectives.gather(tensor)
+
+    def reduce(self, tensor: Any, reduction: Reduction = "sum", scale: float = 1.0) -> Any:
+        """Sum (the default here, as in Accelerate's Accelerator), average, max or min each tensor
+        across ranks; every rank gets the result."""
+        with communicating(self._breakdown, "reduce"):
+            return collectives.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad each tensor along ``dim`` to the largest size on any rank, so it can be gathered."""
+        with communicating(self._breakdown, "pad_across_processes"):
+            return collectives.pad_across_processes(tensor, dim, pad_index, pad_first)
+
+    # -- one rank stops everyone (early stopping, a NaN loss) -----------------------------------
+    def set_trigger(self) -> None:
+        """Raise this rank's flag; the next ``check_trigger`` on every rank sees it."""
+        self._triggered = True
+
+    def check_trigger(self) -> bool:
+        """True on every rank when any rank called ``set_trigger`` since the last check (the
+        flags are then lowered). A collective: every rank must call it at the same point."""
+        flag = torch.tensor(float(self._triggered), device=self.device)
+        with communicating(self._breakdown, "check_trigger"):
+            flag = collectives.reduce(flag, "max")
+        self._triggered = False
+        return bool(flag.item())
+
+    # -- the end ---------------------------------------------------------------------------------
+    def destroy_process_group(self) -> None:
+        """Leave the process group, if this object joined it (safe to call twice)."""
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_process_group = False
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(distributed_type={self.distributed_type.value}, "
+            f"process_index={self.process_index}, num_processes={self.num_processes}, "
+            f"device={self.device})"
+        )
+
+
+def _free_before_exit() -> None:
+    """Free what reference cycles still hold (an Accelerator and its prepared objects: a DDP
+    model keeps its gloo group alive) while the interpreter is whole. Left to the interpreter's
+    own teardown, a gloo group freed there can abort the process after training succeeded
+    ("terminate called without an active exception")."""
+    gc.collect()
+
+
+def _index(index: Any, what: str) -> int:
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise TypeError(f"{what}_index={index!r} must be an int, e.g. @on_{what}({what}_index=0)")
+    return index
+
+
+def _split(inputs: Any, rank: int, world_size: int, pad: bool) -> Any:
+    if isinstance(inputs, Mapping):
+        return type(inputs)({k: _split(v, rank, world_size, pad) for k, v in inputs.items()})
+    n = len(inputs)
+    base, extra = divmod(n, world_size)
+    start = rank * base + min(rank, extra)
+    share = inputs[start : start + base + (rank < extra)]
+    if pad and extra and rank >= extra and n:
+        tail = inputs[n - 1 : n]
+        share = torch.cat([share, tail]) if isinstance(share, torch.Tensor) else share + tail
+    return share

@@ -1,0 +1,102 @@
+"""DDP: every rank holds the whole model and all-reduces the gradients in backward.
+
+What lesson 2 writes by hand: ``DistributedDataParallel`` broadcasts rank 0's weights when it
+wraps the model, then averages each bucket of gradients over the ranks while backward is still
+running, so every rank's optimizer takes the same step.
+
+The breakdown (``nbaccel.observe.breakdown``) learns when each bucket is ready from a communication
+hook around torch's own all-reduce, registered at the first backward that syncs. DDP takes one hook:
+a hook of the user's own, registered on the prepared model before then, replaces ours and is timed
+the same way (``register_comm_hook`` of the prepared model wraps it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from ...observe.breakdown import timed_allreduce
+from .base import Strategy, trainable
+
+
+class DDP(Strategy):
+    """Replicate the model on every rank (gloo on CPUs, NCCL on GPUs)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._unhooked: list[DistributedDataParallel] = []  # no breakdown hook tried yet
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        model = model.to(self.device)
+        # a frozen model (a teacher, an evaluator) has no gradients to reduce: left unwrapped
+        if trainable(model) and not isinstance(model, DistributedDataParallel):
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = DistributedDataParallel(model, device_ids=ids)
+            if self.breakdown is not None:
+                self._unhooked.append(model)
+                model.register_comm_hook = self._timing(model, model.register_comm_hook)
+        return super().prepare_model(model)
+
+    def _timing(self, model: DistributedDataParallel, register: Any) -> Any:
+        """``model.register_comm_hook`` for the user's own hook: it notes each bucket's
+        readiness for the breakdown, then runs the user's hook unchanged."""
+        breakdown = self.breakdown
+
+        def register_comm_hook(state: object, hook: Any) -> None:
+            def timed(state, bucket):  # unannotated: DDP checks only annotations it finds
+                breakdown.bucket_ready()
+                return hook(state, bucket)
+
+            timed.__qualname__ = getattr(hook, "__qualname__", "hook")  # DDP logs the name
+            register(state, timed)
+            if model in self._unhooked:
+                self._unhooked.remove(model)
+
+        return register_comm_hook
+
+    def backward(self, loss: torch.Tensor, sync: bool, **kwargs: Any) -> None:
+        if sync and self._unhooked:
+            self._hook_gradient_sync()
+        super().backward(loss, sync, **kwargs)
+
+    def _hook_gradient_sync(self) -> None:
+        """Register the breakdown's hook on the models that have none of the user's yet (one
+        registered directly on the inner DDP, bypassing ours, is kept: torch refuses a second)."""
+        for model in self._unhooked:
+            with contextlib.suppress(RuntimeError):  # "can only be called once": the user's
+                DistributedDataParallel.register_comm_hook(
+                    model, (self.breakdown, model.process_group), timed_allreduce
+                )
+        self._unhooked.clear()
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        if isinstance(model, DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        saved = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])  # arm the reducer that no_sync left idle
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+
+    def end(self, models: list[torch.nn.Module], leave_group: bool) -> None:
+        if leave_group:
+            # A DDP model that outlives its gloo group can deadlock when it is freed: its
+            # Reducer, then the last owner of the group, tears the group down while holding
+            # the GIL that a gloo thread is waiting for. Free the Reducers while the group lives.
+            for model in models:
+                if isinstance(model, DistributedDataParallel):
+                    model.reducer = None
+        super().end(models, leave_group)

@@ -1,0 +1,240 @@
+"""DeepSpeed ZeRO: a DeepSpeed engine trains the model; ``nbaccel.accelerator.strategies.zero``
+builds its config.
+
+The engine owns more than DDP or FSDP do, and the Accelerator leaves it all to the engine:
+
+* it is made from the model and the optimizer together (``deepspeed.initialize``), so both
+  are prepared in one ``prepare`` call;
+* it divides the loss for accumulation, scales fp16 losses, clips and zeroes the gradients,
+  and decides when they are reduced (told which micro-batch ends a window);
+* it saves its own sharded checkpoint, which ``save_state`` puts inside nbaccel's folder;
+* it needs a process group even for one process: a private one (no port), left in ``end``.
+
+The breakdown (``nbaccel.observe.breakdown``) times the engine's forward, backward and step as
+compute: its collectives, inside ``deepspeed.comm``, are not measured apart.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...env import backend_for
+from ...observe.breakdown import Breakdown, computing
+from .. import checkpoint
+from ..accumulation import AccumulationWindow, GradientAccumulationPlugin
+from ..data.loader import PreparedDataLoader
+from ..optim import AcceleratedOptimizer
+from ..state import DistributedType, PartialState
+from . import zero
+from .base import AutocastForward, Strategy, trainable
+
+
+class DeepSpeed(Strategy):
+    """Train through a DeepSpeed engine with ZeRO sharding (any number of processes)."""
+
+    distributed_type = DistributedType.DEEPSPEED
+    scales_losses = False  # the engine scales fp16 losses itself
+
+    def __init__(
+        self,
+        plugin: zero.DeepSpeedPlugin,
+        state: PartialState,
+        mixed_precision: str,
+        precision_given: bool,
+        accumulation: GradientAccumulationPlugin,
+    ) -> None:
+        if accumulation.sync_each_batch:
+            raise ValueError(
+                "GradientAccumulationPlugin(sync_each_batch=True) under DeepSpeed: the engine "
+                "decides when gradients are reduced; leave sync_each_batch False."
+            )
+        zero.import_deepspeed(state.device)  # an install hint now, not at prepare()
+        self.config, mixed_precision, steps = zero.build_config(
+            plugin,
+            mixed_precision=mixed_precision,
+            precision_given=precision_given,
+            accumulation=accumulation.num_steps or 1,
+            device=state.device,
+        )
+        super().__init__(plugin, state, mixed_precision, precision_given, accumulation)
+        self.accumulation_steps = steps  # the config may have given it
+        self.engine: Any = None  # once prepared
+        # Last, so that nothing above can fail with the group made: DeepSpeed needs a
+        # process group even for one process, and reads LOCAL_RANK; end() undoes both.
+        self._private_group = not dist.is_initialized()
+        if self._private_group:
+            dist.init_process_group(
+                backend_for(self.device), store=dist.HashStore(), rank=0, world_size=1
+            )
+        self._set_local_rank = "LOCAL_RANK" not in os.environ
+        if self._set_local_rank:
+            os.environ["LOCAL_RANK"] = str(self.env.local_rank)
+
+    def prepare(self, objects: tuple[Any, ...], prepare_one: Callable[[Any], Any]) -> list[Any]:
+        """One ``deepspeed.initialize`` for the model and optimizer of this call."""
+        models = [i for i, obj in enumerate(objects) if _trainable_model(obj)]
+        optimizers = [
+            i
+            for i, obj in enumerate(objects)
+            if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer)
+        ]
+        if (models or optimizers) and (
+            len(models) != 1 or len(optimizers) != 1 or self.engine is not None
+        ):
+            raise ValueError(
+                "under DeepSpeed one model trains with one optimizer, prepared in the same call: "
+                "accelerator.prepare(model, optimizer, loader, ...). This call has "
+                f"{len(models)} trainable model(s) and {len(optimizers)} optimizer(s)"
+                + (", and an engine was already prepared." if self.engine is not None else ".")
+            )
+        prepared = [
+            obj if i in models or i in optimizers else prepare_one(obj)
+            for i, obj in enumerate(objects)
+        ]
+        if models:
+            loaders = [obj for obj in prepared if isinstance(obj, PreparedDataLoader)]
+            model, optimizer = objects[models[0]], objects[optimizers[0]]
+            self._initialize(model, optimizer, loaders[0].batch_size if loaders else None)
+            prepared[models[0]] = prepare_one(self.engine)  # kept as the Accelerator's model
+            prepared[optimizers[0]] = prepare_one(optimizer)  # its step is the engine's
+        return prepared
+
+    def _initialize(self, model: torch.nn.Module, optimizer: Any, batch_size: int | None) -> None:
+        zero.set_micro_batch(self.config, batch_size)
+        zero.cap_buckets(self.config, model)
+        deepspeed = zero.import_deepspeed(self.device)
+        with zero.quiet_start():
+            engine, *_ = deepspeed.initialize(
+                model=model.to(self.device), optimizer=optimizer, config=self.config
+            )
+        if self.precision.dtype is not None:  # 16-bit weights; float32 inputs and outputs
+            engine.forward = AutocastForward(engine.forward, self.precision)
+        self.engine = engine
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return self.timed(model) if zero.is_engine(model) else super().prepare_model(model)
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, window: AccumulationWindow
+    ) -> AcceleratedOptimizer:
+        return DeepSpeedOptimizer(optimizer, window, self.precision, self.engine, self.breakdown)
+
+    # -- the training step: the engine's -------------------------------------------------------
+    def backward(self, loss: torch.Tensor, sync: bool, **kwargs: Any) -> None:
+        # the engine divides by the accumulation steps and scales fp16 losses itself
+        self.engine.set_gradient_accumulation_boundary(sync)
+        self.engine.backward(loss, **kwargs)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float) -> None:
+        clip = self.config["gradient_clipping"]
+        if float(max_norm) != clip or norm_type != 2.0:
+            now = f"at {clip}" if clip else "not at all (gradient_clipping unset)"
+            raise ValueError(
+                f"clip_grad_norm_(max_norm={max_norm}, norm_type={norm_type}) under "
+                f"DeepSpeed: the engine clips the 2-norm inside its step, here {now}. Give "
+                f"the norm once: DeepSpeedPlugin(gradient_clipping={max_norm})."
+            )
+        return None  # the engine clips inside optimizer.step()
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        raise ValueError(
+            "clip_grad_value_ is not available under DeepSpeed (the engine owns the "
+            "gradients); clip the norm instead: DeepSpeedPlugin(gradient_clipping=...)."
+        )
+
+    # -- models and checkpoints ------------------------------------------------------------------
+    def inner(self, model: torch.nn.Module) -> torch.nn.Module | None:
+        return model.module if zero.is_engine(model) else super().inner(model)
+
+    def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return zero.full_state_dict(model) if zero.is_engine(model) else super().state_dict(model)
+
+    def for_save(self, obj: Any) -> Any:
+        # ZeRO 3 placeholders, bf16 copies: the whole float32 weights
+        return obj if self.engine is None else zero.consolidate(obj, self.engine)
+
+    def save_state(
+        self, folder: Any, models: list, optimizers: list, schedulers: list, **common: Any
+    ) -> None:
+        if self.engine is None:
+            return super().save_state(folder, models, optimizers, schedulers, **common)
+        engine = self.engine  # its own sharded checkpoint, inside ours
+        checkpoint.save_state(
+            folder,
+            models=[],
+            optimizers=[],
+            schedulers=schedulers,
+            engine=lambda staging: engine.save_checkpoint(str(staging), tag=zero.TAG),
+            **common,
+        )
+
+    def load_state(
+        self, folder: Any, models: list, optimizers: list, schedulers: list, **common: Any
+    ) -> dict:
+        if self.engine is None:
+            return super().load_state(folder, models, optimizers, schedulers, **common)
+        state = checkpoint.read_state(
+            folder,
+            models=[],
+            optimizers=[],
+            schedulers=schedulers,
+            engine=(zero.TAG, self.env.world_size),
+            **common,
+        )
+        self.engine.load_checkpoint(str(folder), tag=zero.TAG, load_lr_scheduler_states=False)
+        return state
+
+    def end(self, models: list[torch.nn.Module], leave_group: bool) -> None:
+        try:
+            if (leave_group or self._private_group) and dist.is_initialized():
+                if self.engine is not None:  # DeepSpeed's way also drops its cached groups
+                    zero.import_deepspeed(self.device).comm.destroy_process_group()
+                else:
+                    dist.destroy_process_group()
+        finally:
+            self._private_group = False
+            if self._set_local_rank:
+                os.environ.pop("LOCAL_RANK", None)
+                self._set_local_rank = False
+
+
+class DeepSpeedOptimizer(AcceleratedOptimizer):
+    """The user's optimizer, stepped by the engine: ``step()`` is ``engine.step()``.
+
+    The engine zeroes the gradients after its step, so ``zero_grad()`` does nothing.
+    """
+
+    def __init__(
+        self,
+        optimizer: Any,
+        window: AccumulationWindow,
+        precision: Any,
+        engine: Any,
+        breakdown: Breakdown | None = None,
+    ) -> None:
+        super().__init__(optimizer, window, precision, breakdown)
+        self.engine = engine
+
+    def step(self, closure=None):  # type: ignore[override]
+        if closure is not None:
+            raise ValueError("optimizer.step(closure) is not supported under DeepSpeed")
+        with computing(self.breakdown):
+            self.engine.step()
+        self.stepped = self.window.sync_gradients and self.engine.was_step_applied()
+        self.step_was_skipped = self.window.sync_gradients and not self.stepped
+        self.window.stepped(self.optimizer, self.stepped)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"DeepSpeedOptimizer({self.optimizer!r})"
+
+
+def _trainable_model(obj: Any) -> bool:
+    return isinstance(obj, torch.nn.Module) and not zero.is_engine(obj) and trainable(obj)
