@@ -30,7 +30,7 @@ _EXPORTS = {
     "measure_scaling": "scaling",
     "Recorder": "observe.rank_recorder",
     "Tracker": "observe.rank_recorder",  # Recorder's old name
-    "FSDPPlugin": "accelerator.strategies.sharding",
+    "FSDPPlugin": "accelerator.strategies.fsdp",
     "DeepSpeedPlugin": "accelerator.strategies.zero",
     "ProjectConfiguration": "accelerator.project",
     "GeneralTracker": "observe.trackers.general",
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from .accelerator.data.sharding import DataLoaderConfiguration
     from .accelerator.project import ProjectConfiguration
     from .accelerator.state import DistributedType, PartialState
-    from .accelerator.strategies.sharding import FSDPPlugin
+    from .accelerator.strategies.fsdp import FSDPPlugin
     from .accelerator.strategies.zero import DeepSpeedPlugin
     from .errors import CheckpointError, LaunchError, NbaccelError
     from .launcher import notebook_launcher

@@ -40,7 +40,7 @@ from .project import ProjectConfiguration
 from .saving import Checkpointing
 from .state import DistributedType, PartialState
 from .strategies import choose
-from .strategies.sharding import FSDPPlugin
+from .strategies.fsdp import FSDPPlugin
 from .strategies.zero import DeepSpeedPlugin  # DeepSpeed itself loads on demand
 
 if TYPE_CHECKING:

@@ -24,8 +24,7 @@ from ...config import LaunchConfig
 from .base import Strategy
 from .ddp import DDP
 from .deepspeed import DeepSpeed
-from .fsdp import FSDP
-from .sharding import FSDPPlugin
+from .fsdp import FSDP, FSDPPlugin
 from .zero import DeepSpeedPlugin
 
 #: plugin type -> (the Accelerator's argument that takes it, its strategy, the plugin a launch
