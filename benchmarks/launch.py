@@ -155,7 +155,7 @@ def memory(run) -> dict:
                 mib["tree_pss"] = me.memory_full_info().pss / 2**20
                 for p in me.children(recursive=True):
                     info = p.memory_full_info()  # the server's forks share its command line
-                    if p.ppid() == me.pid and "nbaccel.forkserver" in " ".join(p.cmdline()):
+                    if p.ppid() == me.pid and "nbaccel.launch.forkserver" in " ".join(p.cmdline()):
                         mib["server_pss"] += info.pss / 2**20
                         mib["server_uss"] += info.uss / 2**20
                     else:

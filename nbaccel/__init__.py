@@ -24,7 +24,7 @@ _EXPORTS = {
     "CheckpointError": "errors",
     "LaunchError": "errors",
     "NbaccelError": "errors",
-    "notebook_launcher": "launcher",
+    "notebook_launcher": "launch.launcher",
     "Run": "observe.records",
     "LiveView": "observe.live.view",
     "measure_scaling": "scaling",
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from .accelerator.strategies.fsdp import FSDPPlugin
     from .accelerator.strategies.zero import DeepSpeedPlugin
     from .errors import CheckpointError, LaunchError, NbaccelError
-    from .launcher import notebook_launcher
+    from .launch.launcher import notebook_launcher
     from .observe.live.view import LiveView
     from .observe.rank_recorder import Recorder, Tracker
     from .observe.records import Run

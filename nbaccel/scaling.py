@@ -182,7 +182,7 @@ def measure_scaling(
     keyword arguments go to ``notebook_launcher`` (``cpu``, ``mixed_precision``, ``live``, ...).
     """
     from .env import visible_gpus
-    from .launcher import notebook_launcher
+    from .launch.launcher import notebook_launcher
 
     if counts is None:  # one GPU: one process (a second would need a second GPU, or cpu=True)
         gpus = 0 if launch.get("cpu") else visible_gpus()

@@ -69,7 +69,7 @@ def _is_long_lived_helper(process: psutil.Process) -> bool:
         parents_command = " ".join(parent.cmdline()) if parent else ""
     except psutil.NoSuchProcess:
         return False
-    server = "-m nbaccel.forkserver"  # a worker is forked from it: same command line
+    server = "-m nbaccel.launch.forkserver"  # a worker is forked from it: same command line
     return "multiprocessing.resource_tracker" in command or (
         server in command and server not in parents_command
     )

@@ -99,7 +99,7 @@ def no_workers_left(kernel: Kernel, timeout: float = 15) -> None:
 
 def _is_server(process: psutil.Process) -> bool:
     try:
-        return "nbaccel.forkserver" in " ".join(process.cmdline())
+        return "nbaccel.launch.forkserver" in " ".join(process.cmdline())
     except psutil.NoSuchProcess:
         return False
 

@@ -27,9 +27,9 @@ from nbaccel.cli import main
 from nbaccel.commands import UsageError
 from nbaccel.commands import test as sanity
 from nbaccel.commands.launch import check_gpus, torchrun_command
-from nbaccel.commands.torchrun import RunOutcome
 from nbaccel.env import find_free_port
 from nbaccel.errors import NbaccelError
+from nbaccel.launch.torchrun import RunOutcome
 
 TIMEOUT = 180
 NBACCEL = [sys.executable, "-m", "nbaccel"]  # as the lessons call it: no PATH needed

@@ -125,12 +125,12 @@ def test_the_cli_names_a_bad_target(tmp_path):
 @pytest.mark.parametrize(("gpus", "expected"), [(0, [1, 2]), (1, [1]), (3, [1, 2, 3])])
 def test_default_counts_fit_the_gpus(monkeypatch, gpus, expected):
     import nbaccel.env
-    import nbaccel.launcher
+    import nbaccel.launch.launcher
 
     launched = []
     monkeypatch.setattr(nbaccel.env, "visible_gpus", lambda: gpus)
     monkeypatch.setattr(
-        nbaccel.launcher,
+        nbaccel.launch.launcher,
         "notebook_launcher",
         lambda *a, num_processes, **k: launched.append(num_processes),
     )

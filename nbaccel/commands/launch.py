@@ -25,9 +25,9 @@ import tempfile
 from ..config import FLAGS, MODES, LaunchConfig
 from ..config import check_gpus as launch_check_gpus
 from ..env import PANEL_VAR, STACKS_VAR
+from ..launch.torchrun import run_torchrun
 from ..observe.hang import Report, ask
 from . import UsageError, positive_int, saved_config
-from .torchrun import run_torchrun
 
 
 def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -45,7 +45,7 @@ MAIN_FRAMES, OTHER_FRAMES = 10, 3  # innermost frames shown of the main thread, 
 #: nbaccel's own folder: its frames are library frames, not the user's.
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The launched worker's own runner: the frames above it are the fork server's, not the user's.
-RUNNER = os.path.join(PACKAGE, "forkserver.py")
+RUNNER = os.path.join(PACKAGE, "launch", "forkserver.py")
 RECORD_LAG = 0.5  # seconds of steps a rank may have made but not yet sent (two record paces)
 
 

@@ -155,7 +155,9 @@ def test_the_report_names_every_rank_then_shows_their_frames_with_source():
 
 
 def test_the_workers_own_runner_frames_are_left_out():
-    runner = importlib.util.find_spec("nbaccel.forkserver").origin  # the real one, wherever it is
+    runner = importlib.util.find_spec(
+        "nbaccel.launch.forkserver"
+    ).origin  # the real one, wherever it is
     found = report({0: stack(0, (runner, 170, "run_worker"), (USER, 8, "wait"))}, asked=[0])
     assert "run_worker" not in found.details and "in wait" in found.details
 

@@ -130,7 +130,7 @@ def test_a_stop_from_the_user_is_not_restarted(tmp_path):
 def test_monitor_interval_paces_the_supervisors_checks(monkeypatch):
     import selectors
 
-    from nbaccel import supervisor
+    from nbaccel.launch import supervisor
 
     waits = []
 

@@ -12,7 +12,7 @@ import logging
 import socket
 from contextlib import contextmanager
 
-from .errors import NbaccelError
+from ..errors import NbaccelError
 
 logger = logging.getLogger(__name__)
 

@@ -49,13 +49,13 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from .config import LaunchConfig, check_seconds, load_config
-from .env import device_label
-from .errors import LaunchError, NbaccelError, RankFailure
-from .observe.channel import local_run
-from .observe.hang import check_stall_warning
-from .observe.live.view import LiveView
-from .observe.records import Run
+from ..config import LaunchConfig, check_seconds, load_config
+from ..env import device_label
+from ..errors import LaunchError, NbaccelError, RankFailure
+from ..observe.channel import local_run
+from ..observe.hang import check_stall_warning
+from ..observe.live.view import LiveView
+from ..observe.records import Run
 from .protocol import pack_call
 from .rendezvous import loopback_interface, rendezvous
 from .supervisor import Launch, LaunchSpec
@@ -346,7 +346,7 @@ def _run_here(function, args, kwargs, config: LaunchConfig, run: Run) -> Any:
 
 
 def _call_here(function, args, kwargs, env: dict[str, str], run: Run) -> Any:
-    from .tensors import to_cpu
+    from ..tensors import to_cpu
 
     changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
     saved = {k: os.environ.get(k) for k in changed}

@@ -1,13 +1,13 @@
 """The worker side of the launcher: a fork server, and what each worker runs.
 
-Why a fork server (measured on 2 cores, see ``launcher.py``): a notebook kernel that already
-trained with torch has a live OpenMP thread pool; forking it can deadlock the children, and a
-kernel that touched CUDA cannot fork usable CUDA workers at all. Spawning fresh interpreters is
-safe but pays the torch import (seconds) on every launch. So the launcher starts this module once
-per kernel as a fresh interpreter (``python -m nbaccel.forkserver FD``) that imports torch and
-then only waits: it never runs a torch op, so it has no thread pool and no CUDA context, and
-forking it is safe and fast. Workers receive the notebook's function serialised by value
-(cloudpickle), so functions and classes defined in cells work.
+Why a fork server (measured on 2 cores, see ``launcher.py``): a notebook kernel that already trained
+with torch has a live OpenMP thread pool; forking it can deadlock the children, and a kernel that
+touched CUDA cannot fork usable CUDA workers at all. Spawning fresh interpreters is safe but pays
+the torch import (seconds) on every launch. So the launcher starts this module once per kernel as a
+fresh interpreter (``python -m nbaccel.launch.forkserver FD``) that imports torch and then only
+waits: it never runs a torch op, so it has no thread pool and no CUDA context, and forking it is
+safe and fast. Workers receive the notebook's function serialised by value (cloudpickle), so
+functions and classes defined in cells work.
 
 The messages, their framing and the exception-as-data they carry live in ``protocol.py``, which
 the launcher's side (``supervisor.py``) imports too.
@@ -21,8 +21,8 @@ import signal
 import socket
 import sys
 
-from .env import CHANNEL_VAR
-from .observe.stacks import listen_from_environ
+from ..env import CHANNEL_VAR
+from ..observe.stacks import listen_from_environ
 from .protocol import (
     FDS_PER_WORKER,
     ExceptionData,
@@ -158,8 +158,8 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
     import torch
     import torch.distributed as dist
 
-    from .observe.channel import flush_all
-    from .tensors import to_cpu
+    from ..observe.channel import flush_all
+    from ..tensors import to_cpu
 
     faulthandler.enable()  # a segfault still prints a Python traceback into the cell
     os.environ.clear()

@@ -22,7 +22,7 @@ class ForkServer:
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "nbaccel.forkserver", str(theirs.fileno())],
+            [sys.executable, "-m", "nbaccel.launch.forkserver", str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -1,7 +1,7 @@
 """The supervisor of one launch, on the launcher's side.
 
 ``Launch`` starts a launch's workers through the fork server (``ForkServer``, in
-``forkserver_client.py``), relays their output line by line, receives their results, errors and
+``client.py``), relays their output line by line, receives their results, errors and
 metrics (typed messages of ``protocol.py``), stops everyone when one fails, and decides which
 failure was the root cause (``errors.py`` words it).
 
@@ -24,12 +24,12 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
-from .env import STACKS_VAR
-from .errors import LaunchError, RankFailure, by_priority, root_cause_report
-from .forkserver_client import ForkServer, shared_server
-from .observe.channel import decode as decode_records
-from .observe.hang import Report, Stall, ask
-from .observe.records import Run
+from ..env import STACKS_VAR
+from ..errors import LaunchError, RankFailure, by_priority, root_cause_report
+from ..observe.channel import decode as decode_records
+from ..observe.hang import Report, Stall, ask
+from ..observe.records import Run
+from .client import ForkServer, shared_server
 from .protocol import Exited, Failure, Message, Result, WorkerSpec, decode
 
 GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL when stopping workers

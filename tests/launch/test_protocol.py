@@ -11,7 +11,7 @@ import traceback
 
 import pytest
 
-from nbaccel.protocol import (
+from nbaccel.launch.protocol import (
     ExceptionData,
     Exited,
     Failure,

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from .kernel import kernel_with, no_workers_left
+from ..kernel import kernel_with, no_workers_left
 
 pytestmark = pytest.mark.multiprocess
 

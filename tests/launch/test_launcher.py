@@ -1,4 +1,5 @@
-"""notebook_launcher from a Python process; tests/test_launcher_notebook.py covers a real kernel.
+"""notebook_launcher from a Python process; tests/launch/test_launcher_notebook.py covers a real
+kernel.
 
 Functions are defined inside the tests on purpose: like notebook cells, they cannot be imported
 by name, so they must travel by value.
@@ -288,7 +289,7 @@ def test_a_process_group_alive_in_the_parent(tmp_path):
 
 
 def test_a_dead_fork_server_is_replaced_or_named(monkeypatch):
-    from nbaccel import supervisor
+    from nbaccel.launch import supervisor
 
     def work():
         return os.getppid()  # the worker's parent: the fork server
@@ -315,8 +316,8 @@ def test_a_dead_fork_server_is_replaced_or_named(monkeypatch):
 
 def test_the_root_cause_is_the_rank_that_died_not_the_one_that_lost_it():
     """Rank 1 dies of SIGKILL; rank 0's all-reduce fails first, then rank 1's exit arrives."""
-    from nbaccel.protocol import ExceptionData, Failure
-    from nbaccel.supervisor import Launch, LaunchSpec, _Rank
+    from nbaccel.launch.protocol import ExceptionData, Failure
+    from nbaccel.launch.supervisor import Launch, LaunchSpec, _Rank
 
     launch = Launch(LaunchSpec(envs=(), payload=b""))
     lost_peer = Failure(

@@ -1,0 +1,14 @@
+"""(1) Start, watch and stop workers.
+
+* ``launcher``: ``notebook_launcher``, one cell's launch (and its restarts);
+* ``supervisor``: one attempt: starts the workers, relays their output, collects results and
+  failures, names the root cause;
+* ``forkserver`` and ``client``: the fresh interpreter that forks the workers, and the
+  launcher's handle on it;
+* ``protocol``: every message between them, one frozen dataclass each;
+* ``rendezvous``: the store where the ranks meet;
+* ``torchrun``: the script path, torch's own elastic launcher as a child process.
+
+This folder imports the base modules and ``nbaccel.observe``; ``nbaccel.accelerator`` only in
+the fork server, to import it once before forking.
+"""
