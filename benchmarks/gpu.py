@@ -18,7 +18,7 @@ H200 (the sizing is in ``ROUNDS`` and ``TRIAL_SECONDS`` below):
   server, is reported apart. With 2 GPUs or more, also 2 workers on NCCL.
 * ``projection``: one training step of lesson 5's model and batch (``MLP(64, 1024, 10)``,
   batch 32, SGD with momentum), plain PyTorch and through nbaccel, on one GPU: the compute
-  that ``nbaccel.projection`` takes as its input; then the projection it gives for 1-8 GPUs
+  that ``nbaccel.lab.projection`` takes as its input; then the projection it gives for 1-8 GPUs
   on each preset link. With 2 GPUs or more, ``projection.calibrate`` (2 workers, NCCL)
   checks the projected DDP step against a measured one.
 

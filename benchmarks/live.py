@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 from nbaccel import LiveView, Run, notebook_launcher
+from nbaccel.lab.scaling import Scaling
 from nbaccel.observe.live.panel import Panel
-from nbaccel.scaling import Scaling
 
 
 class PanelSink:

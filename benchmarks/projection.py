@@ -1,4 +1,4 @@
-"""The scaling model (``nbaccel.projection``) against a measured 2-worker CPU run.
+"""The scaling model (``nbaccel.lab.projection``) against a measured 2-worker CPU run.
 
 For each MLP width, 2 gloo workers time in interleaved rounds a plain step (the compute), a DDP
 step, and all-reduces of 4 bytes and of the gradients' size (``calibration_worker``; medians of
@@ -110,7 +110,7 @@ No-overlap errors per repeat: {spread}.
 The model errs low: it leaves out DDP's own work per step (autograd hooks, copying gradients
 into buckets and back). Crediting overlap errs further, since on a CPU gloo's all-reduce runs
 on the cores the backward pass needs; on GPUs NCCL runs on its own stream and DDP's buckets do
-overlap, which is why the model's `overlap` defaults to on. tests/test_projection.py holds the
+overlap, which is why the model's `overlap` defaults to on. tests/lab/test_projection.py holds the
 no-overlap projection of these medians to 35% of the measured step, at each width; a test
 re-measures nothing, since timings on a shared 2-core machine move by tens of percent.
 CPU figures only; no GPU was available to this run.

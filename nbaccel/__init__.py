@@ -27,7 +27,7 @@ _EXPORTS = {
     "notebook_launcher": "launch.launcher",
     "Run": "observe.records",
     "LiveView": "observe.live.view",
-    "measure_scaling": "scaling",
+    "measure_scaling": "lab.scaling",
     "Recorder": "observe.rank_recorder",
     "Tracker": "observe.rank_recorder",  # Recorder's old name
     "FSDPPlugin": "accelerator.strategies.fsdp",
@@ -69,22 +69,29 @@ if TYPE_CHECKING:
     from .accelerator.strategies.fsdp import FSDPPlugin
     from .accelerator.strategies.zero import DeepSpeedPlugin
     from .errors import CheckpointError, LaunchError, NbaccelError
+    from .lab.scaling import measure_scaling
     from .launch.launcher import notebook_launcher
     from .observe.live.view import LiveView
     from .observe.rank_recorder import Recorder, Tracker
     from .observe.records import Run
     from .observe.trackers.general import GeneralTracker, LoggerType
-    from .scaling import measure_scaling
     from .utils import send_to_device, set_seed
 
 
+# Modules the lessons use by name: ``from nbaccel import projection``.
+_MODULES = {"projection": "lab.projection"}
+
+
 def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
+    if name in _MODULES:
+        value = importlib.import_module(f".{_MODULES[name]}", __name__)
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    else:
         raise AttributeError(f"module 'nbaccel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+    return sorted([*globals(), *_EXPORTS, *_MODULES])

@@ -110,11 +110,11 @@ def test_the_projection_model_imports_neither_torch_nor_its_figure():
         "from nbaccel import projection\n"
         "projection.project(0.01, 4e6, 32, projection.PRESETS['PCIe 4.0 x16'], 8)"
     )
-    assert "nbaccel.projection.model" in loaded
-    assert not loaded & {"nbaccel.projection.view", "nbaccel.projection.calibration"}
+    assert "nbaccel.lab.projection.model" in loaded
+    assert not loaded & {"nbaccel.lab.projection.view", "nbaccel.lab.projection.calibration"}
     assert not any(m.startswith(("torch", "matplotlib")) for m in loaded)
-    drawn = imported_after("from nbaccel.projection import figure")
-    assert "nbaccel.projection.view" in drawn and "nbaccel.observe.live.view" not in drawn
+    drawn = imported_after("from nbaccel.lab.projection import figure")
+    assert "nbaccel.lab.projection.view" in drawn and "nbaccel.observe.live.view" not in drawn
 
 
 def test_the_collectives_are_one_module_that_utils_re_exports():
@@ -139,7 +139,7 @@ def test_the_notebook_tooling_is_outside_the_package_and_has_no_cycle():
     assert not any(m.startswith("nbaccel") for m in loaded)
     setuptools = pytest.importorskip("setuptools")
     packages = setuptools.find_packages(str(ROOT), include=["nbaccel*"])
-    assert "nbaccel.projection" in packages and "lessonbuild" not in packages
+    assert "nbaccel.lab.projection" in packages and "lessonbuild" not in packages
     done = subprocess.run(
         [sys.executable, "-m", "lessonbuild.runner", "--help"],
         capture_output=True,

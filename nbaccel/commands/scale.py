@@ -36,7 +36,7 @@ def scale_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
 
 
 def scale_command(args: argparse.Namespace) -> int:
-    from ..scaling import measure_scaling
+    from ..lab.scaling import measure_scaling
 
     function = load_target(args.target)
     result = measure_scaling(

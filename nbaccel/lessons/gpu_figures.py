@@ -141,8 +141,8 @@ def projection_markdown(results: dict) -> str:
 
 
 def projection_figure(results: dict, links=None):
-    """``nbaccel.projection.figure`` from the GPU's inputs, its points labelled with the GPU."""
-    from nbaccel import projection
+    """``nbaccel.lab.projection.figure`` from the GPU's inputs, its points labelled with the GPU."""
+    from nbaccel.lab import projection
 
     ref = projection_reference(results)
     links = list(projection.PRESETS.values()) if links is None else links

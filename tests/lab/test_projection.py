@@ -1,4 +1,4 @@
-"""The scaling model (nbaccel.projection): its arithmetic against hand-computed cases."""
+"""The scaling model (nbaccel.lab.projection): its arithmetic against hand-computed cases."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nbaccel.projection import (
+from nbaccel.lab.projection import (
     PRESETS,
     Calibration,
     Interconnect,
@@ -96,7 +96,7 @@ def test_bad_input_says_what_was_wrong():
         Interconnect.measured(1e-4, 1e-2, 1e6, workers=1)
 
 
-RECORDED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "projection-cpu.json"
+RECORDED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "projection-cpu.json"
 
 
 def recorded_calibrations() -> dict[str, Calibration]:
@@ -161,7 +161,7 @@ def test_the_figure_labels_every_curve_a_projection_and_the_measurements_as_such
 
 def test_the_whatif_panel_redraws_from_its_controls(monkeypatch):
     import nbaccel.env
-    import nbaccel.projection.view as projection  # whatif draws through the view's figure
+    import nbaccel.lab.projection.view as projection  # whatif draws through the view's figure
 
     drawn = []
     real = projection.figure
@@ -188,7 +188,7 @@ def test_the_whatif_panel_redraws_from_its_controls(monkeypatch):
 
 
 def test_without_a_notebook_the_whatif_panel_is_one_static_figure(monkeypatch):
-    import nbaccel.projection.view as projection  # whatif draws through the view's figure
+    import nbaccel.lab.projection.view as projection  # whatif draws through the view's figure
 
     drawn = []
     real = projection.figure
@@ -200,7 +200,7 @@ def test_without_a_notebook_the_whatif_panel_is_one_static_figure(monkeypatch):
 
 def test_without_ipywidgets_the_whatif_panel_is_one_static_figure(monkeypatch):
     import nbaccel.env
-    import nbaccel.projection.view as projection  # whatif draws through the view's figure
+    import nbaccel.lab.projection.view as projection  # whatif draws through the view's figure
 
     drawn = []
     real = projection.figure

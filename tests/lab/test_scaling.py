@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from nbaccel.lab.scaling import Scaling, measure_scaling
 from nbaccel.observe.channel import (
     BREAKDOWN,
     SAMPLES,
@@ -18,7 +19,6 @@ from nbaccel.observe.channel import (
     Record,
 )
 from nbaccel.observe.records import Run
-from nbaccel.scaling import Scaling, measure_scaling
 
 pytestmark = pytest.mark.multiprocess
 
@@ -195,13 +195,13 @@ def test_the_live_rate_is_the_one_the_progress_line_shows():
     assert scaling.timing(2) == run.timing()  # the window, defined with the records
 
 
-def test_the_figure_is_drawn_by_the_drawing_side():
-    import nbaccel.scaling_view
+def test_the_figure_draws_the_tables_numbers():
+    from nbaccel.lab.scaling import figure
 
     run = Run(world_size=1, started=0.0, finished=3.0)
     run.add(counters(0, [(1.0, 32.0), (2.0, 132.0)]))
     run.add([Record(0, s, 1.0 + s / 2, "loss", 1.0 / (s + 1)) for s in range(3)])
-    fig = nbaccel.scaling_view.figure(Scaling(runs={1: run}))
+    fig = figure(Scaling(runs={1: run}))
     speed, efficiency, loss = fig.axes
     assert [line.get_label() for line in speed.lines] == ["measured", "ideal"]
     assert [line.get_label() for line in loss.lines] == ["1 proc"]

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
-        raise AttributeError(f"module 'nbaccel.projection' has no attribute {name!r}")
+        raise AttributeError(f"module 'nbaccel.lab.projection' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     globals()[name] = value
     return value

@@ -24,7 +24,7 @@ def calibration_worker(hidden: int = 1024, layers: int = 4, batch_size: int = 32
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from ..accelerator.accelerator import Accelerator
+    from ...accelerator.accelerator import Accelerator
 
     accelerator = Accelerator(live=False)
     device = accelerator.device
@@ -79,7 +79,7 @@ def calibration_worker(hidden: int = 1024, layers: int = 4, batch_size: int = 32
 
 def calibrate(hidden: int = 1024, num_processes: int = 2, cpu: bool = True, timeout: float = 600):
     """Launch ``calibration_worker`` and measure the link from its two all-reduces."""
-    from ..launch.launcher import notebook_launcher
+    from ...launch.launcher import notebook_launcher
 
     r = notebook_launcher(
         calibration_worker,

@@ -78,8 +78,8 @@ def whatif(
     figure for every link and returns ``None``."""
     from IPython.display import Image, display
 
-    from ..env import in_notebook  # read at the call: tests stand in for a notebook
-    from ..observe.live.panel import to_png
+    from ...env import in_notebook  # read at the call: tests stand in for a notebook
+    from ...observe.live.panel import to_png
 
     links = {**({loopback.name: loopback} if loopback else {}), **PRESETS}
 

@@ -28,7 +28,8 @@ two, the communication share is the price of keeping the replicas in step.
 The live progress line shows something else: the rate between each rank's last two counter
 records (a quarter second or less), summed, and the wall clock. ``Scaling.live_rate`` reads
 that last rate from the same records. Both rates are defined once, with the records
-(``Run.timing``, ``Run.samples_per_s``); the figure is drawn by ``scaling_view``.
+(``Run.timing``, ``Run.samples_per_s``). The figure (``figure``, at the end) draws the same
+numbers with matplotlib's object API (no pyplot), imported only when something is drawn.
 """
 
 from __future__ import annotations
@@ -38,18 +39,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .observe.channel import BREAKDOWN
-from .observe.records import Run, Timing
-
-__all__ = ["Scaling", "Timing", "measure_scaling", "timing"]
+from ..observe.channel import BREAKDOWN
+from ..observe.live.bars import COLOURS
+from ..observe.live.line import loss_name
+from ..observe.records import Run, Timing
 
 NAN = float("nan")  # a share of a run that did not time its loop
-
-
-def timing(run: Run) -> Timing:
-    """Split ``run``'s clock at the first and last samples-counter record of any rank (the
-    definition lives with the records: ``Run.timing``)."""
-    return run.timing()
 
 
 @dataclass
@@ -60,7 +55,7 @@ class Scaling:
 
     def timing(self, n: int) -> Timing:
         """Start-up, training and finish seconds of the run with ``n`` processes."""
-        return timing(self.runs[n])
+        return self.runs[n].timing()
 
     def throughput(self, n: int) -> float:
         """Samples/s of the run with ``n`` processes: all ranks' samples over its training
@@ -140,8 +135,6 @@ class Scaling:
         """Throughput (with the ideal line), efficiency, where the loop's time goes (if timed),
         and loss against the seconds since each run's first training step (start-up left out,
         as in the table)."""
-        from .scaling_view import figure  # the drawing side, imported only to draw
-
         return figure(self)
 
     def save_png(self, path: str) -> None:
@@ -160,7 +153,7 @@ class Scaling:
         display(Image(self._repr_png_()))
 
     def _repr_png_(self) -> bytes:
-        from .observe.live.panel import to_png
+        from ..observe.live.panel import to_png
 
         return to_png(self.figure())
 
@@ -181,8 +174,8 @@ def measure_scaling(
     Every count runs in worker processes, one process included, so they compare alike. Other
     keyword arguments go to ``notebook_launcher`` (``cpu``, ``mixed_precision``, ``live``, ...).
     """
-    from .env import visible_gpus
-    from .launch.launcher import notebook_launcher
+    from ..env import visible_gpus
+    from ..launch.launcher import notebook_launcher
 
     if counts is None:  # one GPU: one process (a second would need a second GPU, or cpu=True)
         gpus = 0 if launch.get("cpu") else visible_gpus()
@@ -197,3 +190,56 @@ def measure_scaling(
         notebook_launcher(function, args, kwargs, num_processes=n, run=run, **launch)
         result.runs[n] = run
     return result
+
+
+# -- the figure -----------------------------------------------------------------------------------
+def figure(scaling: Scaling):
+    """Throughput (with the ideal line), efficiency, the loop's shares per process count (when
+    the runs timed their loops), and loss against the seconds since each run's first training
+    step (start-up left out, as in the table)."""
+    from matplotlib.figure import Figure
+
+    rows = scaling.rows()
+    counts = [r["processes"] for r in rows]
+    timed = [r for r in rows if not math.isnan(r["compute_share"])]
+    fig = Figure(figsize=(15 if timed else 12, 3.4), dpi=80, layout="constrained")
+    speed_ax, eff_ax, *time_ax, loss_ax = fig.subplots(1, 4 if timed else 3)
+    speed_ax.plot(counts, [r["samples_per_s"] for r in rows], "o-", label="measured")
+    if rows:
+        ideal = rows[0]["samples_per_s"] / counts[0]
+        speed_ax.plot(counts, [ideal * n for n in counts], "--", color="gray", label="ideal")
+    speed_ax.set(xlabel="processes", ylabel="samples/s", title="throughput", xticks=counts)
+    speed_ax.legend(fontsize=8)
+    eff_ax.plot(counts, [r["efficiency"] for r in rows], "o-")
+    eff_ax.axhline(1.0, ls="--", color="gray")
+    top = max([1.2] + [1.1 * r["efficiency"] for r in rows if r["efficiency"] == r["efficiency"]])
+    eff_ax.set(xlabel="processes", title="scaling efficiency", xticks=counts, ylim=(0, top))
+    if timed:
+        shares(time_ax[0], timed)
+    for n, run in sorted(scaling.runs.items()):
+        name = loss_name(run)
+        if name:
+            begin = run.started + scaling.timing(n).startup  # the first training step
+            by_step = {r.step: r.time for r in run.records if r.name == name}
+            steps, values = run.mean(name)
+            loss_ax.plot([by_step[s] - begin for s in steps], values, label=f"{n} proc")
+            loss_ax.set(ylabel=name)
+    loss_ax.set(xlabel="seconds since the first training step", title="loss")
+    if loss_ax.lines:
+        loss_ax.legend(fontsize=8)
+    return fig
+
+
+def shares(ax, rows: list[dict[str, float]]) -> None:
+    """One bar per process count, its loop's mean shares stacked: the efficiency lost shows up
+    as the communication (red) and data (orange) parts that grow with the count."""
+    labels = [str(r["processes"]) for r in rows]  # categories: evenly spaced, whatever the counts
+    bottom = [0.0] * len(rows)
+    for part in BREAKDOWN:
+        heights = [100 * r[f"{part}_share"] for r in rows]
+        ax.bar(labels, heights, bottom=bottom, color=COLOURS[part], label=part, width=0.6)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.set(xlabel="processes", ylabel="% of the training loop", ylim=(0, 100))
+    ax.set_title("where the time goes")
+    handles, names = ax.get_legend_handles_labels()  # listed top down, as the bars stack
+    ax.legend(handles[::-1], names[::-1], fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
