@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet -c constraints.txt -e '.[notebook,test,dev,deepspeed,browser,trackers]'
-	$(BIN)/python -m nbaccel.accelerator.strategies.zero --build-ops
+	$(BIN)/python -m nbaccel build-ops
 	touch $(STAMP)
 
 # The flagship lesson, headless in a real kernel on 2 CPU workers; prints where the results are.

@@ -1,4 +1,5 @@
-"""The ``nbaccel`` console script: ``launch``, ``config``, ``env``, ``test`` and ``scale``.
+"""The ``nbaccel`` console script: ``launch``, ``config``, ``env``, ``test``, ``scale`` and
+``build-ops``.
 
 Each subcommand lives in its own module under ``commands/`` with a ``*_parser(subparsers)``
 that declares its arguments and a ``*_command(args)`` that runs it and returns the exit status.
@@ -12,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from .commands import CommandError, UsageError
+from .commands.build_ops import build_ops_parser
 from .commands.config import config_parser
 from .commands.env import env_parser
 from .commands.launch import launch_parser
@@ -26,7 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Launch and check distributed PyTorch runs (see `nbaccel COMMAND --help`).",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (launch_parser, config_parser, env_parser, test_parser, scale_parser):
+    parsers = (launch_parser, config_parser, env_parser, test_parser, scale_parser)
+    for add in (*parsers, build_ops_parser):
         add(subparsers)
     args = parser.parse_args(argv)
     try:

@@ -457,3 +457,21 @@ def test_the_sanity_checks_name_what_disagreed():
         sanity.check_weights(torch.tensor([[1.0, 1, 1], [1, 1, 2]]), before)
     with pytest.raises(NbaccelError, match="the optimizer step did not change the weights"):
         sanity.check_weights(torch.zeros(2, 3), before)
+
+
+# -- build-ops ---------------------------------------------------------------------------------
+def test_build_ops_builds_deepspeeds_op_through_the_library(monkeypatch, capsys):
+    import nbaccel.accelerator.strategies.zero as zero
+
+    built = []
+    monkeypatch.setattr(zero, "build_ops", lambda: built.append(True))
+    assert main(["build-ops"]) == 0
+    assert built == [True]
+
+
+def test_build_ops_without_deepspeed_says_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # as if it were not installed
+    assert main(["build-ops"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("nbaccel build-ops: error: DeepSpeed is not installed.")
+    assert "pip install -c constraints.txt 'nbaccel[deepspeed]'" in err

@@ -381,9 +381,3 @@ def build_ops() -> None:
         with _own_tools_on_path():
             builder.load(verbose=False)
         print(f"nbaccel: DeepSpeed's {builder.absolute_name()} op is built and cached")
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--build-ops"]:
-        raise SystemExit("usage: python -m nbaccel.accelerator.strategies.zero --build-ops")
-    build_ops()
