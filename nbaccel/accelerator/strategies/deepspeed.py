@@ -1,5 +1,5 @@
-"""DeepSpeed ZeRO: a DeepSpeed engine trains the model; ``nbaccel.accelerator.strategies.zero``
-builds its config.
+"""DeepSpeed ZeRO: a DeepSpeed engine trains the model; ``zero`` (beside this module) builds its
+config.
 
 The engine owns more than DDP or FSDP do, and the Accelerator leaves it all to the engine:
 
@@ -10,14 +10,19 @@ The engine owns more than DDP or FSDP do, and the Accelerator leaves it all to t
 * it saves its own sharded checkpoint, which ``save_state`` puts inside nbaccel's folder;
 * it needs a process group even for one process: a private one (no port), left in ``end``.
 
+The engine's model comes back whole (``full_state_dict``, ``consolidate``) for a file that loads
+into the plain model; ``zero`` builds the engine's config and starts DeepSpeed quietly.
+
 The breakdown (``nbaccel.observe.breakdown``) times the engine's forward, backward and step as
 compute: its collectives, inside ``deepspeed.comm``, are not measured apart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -117,7 +122,7 @@ class DeepSpeed(Strategy):
         self.engine = engine
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return self.timed(model) if zero.is_engine(model) else super().prepare_model(model)
+        return self.timed(model) if is_engine(model) else super().prepare_model(model)
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, window: AccumulationWindow
@@ -149,14 +154,14 @@ class DeepSpeed(Strategy):
 
     # -- models and checkpoints ------------------------------------------------------------------
     def inner(self, model: torch.nn.Module) -> torch.nn.Module | None:
-        return model.module if zero.is_engine(model) else super().inner(model)
+        return model.module if is_engine(model) else super().inner(model)
 
     def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        return zero.full_state_dict(model) if zero.is_engine(model) else super().state_dict(model)
+        return full_state_dict(model) if is_engine(model) else super().state_dict(model)
 
     def for_save(self, obj: Any) -> Any:
         # ZeRO 3 placeholders, bf16 copies: the whole float32 weights
-        return obj if self.engine is None else zero.consolidate(obj, self.engine)
+        return obj if self.engine is None else consolidate(obj, self.engine)
 
     def save_state(
         self, folder: Any, models: list, optimizers: list, schedulers: list, **common: Any
@@ -237,4 +242,85 @@ class DeepSpeedOptimizer(AcceleratedOptimizer):
 
 
 def _trainable_model(obj: Any) -> bool:
-    return isinstance(obj, torch.nn.Module) and not zero.is_engine(obj) and trainable(obj)
+    return isinstance(obj, torch.nn.Module) and not is_engine(obj) and trainable(obj)
+
+
+# -- the engine's model, whole ----------------------------------------------------------------
+def is_engine(model: Any) -> bool:
+    deepspeed = sys.modules.get("deepspeed")
+    return deepspeed is not None and isinstance(model, deepspeed.DeepSpeedEngine)
+
+
+def full_state_dict(engine: Any) -> dict[str, torch.Tensor]:
+    """The engine's model state dict, whole and float32 where training keeps float32 masters,
+    on the CPU of every rank. Collective: every rank must call it."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    module = engine.module
+    params = dict(module.named_parameters(remove_duplicate=False))
+    # stage 0 with 16 bits: float32 masters beside the 16-bit weights, group by group
+    masters = {
+        id(low): high
+        for lows, highs in zip(
+            getattr(engine.optimizer, "fp16_groups", []),
+            getattr(engine.optimizer, "fp32_groups", []),
+            strict=False,
+        )
+        if isinstance(lows, list) and isinstance(highs, list)
+        for low, high in zip(lows, highs, strict=False)
+    }
+    zero3 = engine.zero_optimization_stage() == 3
+    state: dict[str, torch.Tensor] = {}
+    with _gathered(engine) if zero3 else contextlib.nullcontext():
+        for name, tensor in module.state_dict().items():
+            param = params.get(name)
+            full = safe_get_full_fp32_param(param) if param is not None else None
+            if full is None and param is not None:
+                full = masters.get(id(param))
+            state[name] = (tensor if full is None else full).detach().cpu().clone()
+    return state
+
+
+@contextlib.contextmanager
+def _gathered(engine: Any):
+    """ZeRO 3: gather the parameters (buffers are whole) while the state dict is read."""
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None):
+        yield
+
+
+def consolidate(obj: Any, engine: Any) -> Any:
+    """Replace, anywhere in ``obj``, a state dict of the engine's model by the whole one.
+
+    A state dict is recognised by its keys: ``unwrap_model(model).state_dict()`` under ZeRO 3
+    holds empty placeholders, and under bf16 16-bit copies of the float32 weights. Ranks save
+    the same structure, so they agree on whether to gather (a collective).
+    """
+    keys = frozenset(engine.module.state_dict())
+
+    def match(x: Any) -> bool:
+        return isinstance(x, Mapping) and len(x) == len(keys) and set(x) == keys
+
+    def children(x: Any) -> list[Any]:
+        if isinstance(x, Mapping):
+            return list(x.values())
+        return list(x) if isinstance(x, list | tuple) else []
+
+    def found(x: Any) -> bool:
+        return match(x) or any(found(c) for c in children(x))
+
+    if not found(obj):
+        return obj
+    full = full_state_dict(engine)
+
+    def walk(x: Any) -> Any:
+        if match(x):
+            return type(x)(full) if isinstance(x, dict) else full
+        if isinstance(x, Mapping):
+            return type(x)({k: walk(v) for k, v in x.items()})
+        if isinstance(x, list | tuple):
+            return type(x)(walk(v) for v in x)
+        return x
+
+    return walk(obj)

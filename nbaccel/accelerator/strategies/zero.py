@@ -14,8 +14,12 @@ ends a window. Everything given to the Accelerator (accumulation steps, mixed pr
 DataLoader's batch size) is written into the DeepSpeed config; a config that says otherwise is
 an error, never silently overridden.
 
+This module is DeepSpeed's side of the strategy in ``deepspeed`` (beside it): the plugin, the
+config it becomes, importing and starting DeepSpeed quietly, and building its op.
+
 DeepSpeed is an optional extra: ``pip install 'nbaccel[deepspeed]'``. On first use it compiles a
-small C++ op (about a minute on 2 cores), cached under ``~/.cache/torch_extensions``.
+small C++ op (about a minute on 2 cores), cached under ``~/.cache/torch_extensions``;
+``nbaccel build-ops`` builds it ahead of time.
 """
 
 from __future__ import annotations
@@ -288,86 +292,6 @@ def _read(source: Mapping[str, Any] | str | os.PathLike | None) -> dict[str, Any
     if not isinstance(data, dict):
         raise ValueError(f"DeepSpeed config file {path} must hold a JSON object")
     return data
-
-
-def is_engine(model: Any) -> bool:
-    deepspeed = sys.modules.get("deepspeed")
-    return deepspeed is not None and isinstance(model, deepspeed.DeepSpeedEngine)
-
-
-def full_state_dict(engine: Any) -> dict[str, torch.Tensor]:
-    """The engine's model state dict, whole and float32 where training keeps float32 masters,
-    on the CPU of every rank. Collective: every rank must call it."""
-    from deepspeed.utils import safe_get_full_fp32_param
-
-    module = engine.module
-    params = dict(module.named_parameters(remove_duplicate=False))
-    # stage 0 with 16 bits: float32 masters beside the 16-bit weights, group by group
-    masters = {
-        id(low): high
-        for lows, highs in zip(
-            getattr(engine.optimizer, "fp16_groups", []),
-            getattr(engine.optimizer, "fp32_groups", []),
-            strict=False,
-        )
-        if isinstance(lows, list) and isinstance(highs, list)
-        for low, high in zip(lows, highs, strict=False)
-    }
-    zero3 = engine.zero_optimization_stage() == 3
-    state: dict[str, torch.Tensor] = {}
-    with _gathered(engine) if zero3 else contextlib.nullcontext():
-        for name, tensor in module.state_dict().items():
-            param = params.get(name)
-            full = safe_get_full_fp32_param(param) if param is not None else None
-            if full is None and param is not None:
-                full = masters.get(id(param))
-            state[name] = (tensor if full is None else full).detach().cpu().clone()
-    return state
-
-
-@contextlib.contextmanager
-def _gathered(engine: Any):
-    """ZeRO 3: gather the parameters (buffers are whole) while the state dict is read."""
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None):
-        yield
-
-
-def consolidate(obj: Any, engine: Any) -> Any:
-    """Replace, anywhere in ``obj``, a state dict of the engine's model by the whole one.
-
-    A state dict is recognised by its keys: ``unwrap_model(model).state_dict()`` under ZeRO 3
-    holds empty placeholders, and under bf16 16-bit copies of the float32 weights. Ranks save
-    the same structure, so they agree on whether to gather (a collective).
-    """
-    keys = frozenset(engine.module.state_dict())
-
-    def match(x: Any) -> bool:
-        return isinstance(x, Mapping) and len(x) == len(keys) and set(x) == keys
-
-    def children(x: Any) -> list[Any]:
-        if isinstance(x, Mapping):
-            return list(x.values())
-        return list(x) if isinstance(x, list | tuple) else []
-
-    def found(x: Any) -> bool:
-        return match(x) or any(found(c) for c in children(x))
-
-    if not found(obj):
-        return obj
-    full = full_state_dict(engine)
-
-    def walk(x: Any) -> Any:
-        if match(x):
-            return type(x)(full) if isinstance(x, dict) else full
-        if isinstance(x, Mapping):
-            return type(x)({k: walk(v) for k, v in x.items()})
-        if isinstance(x, list | tuple):
-            return type(x)(walk(v) for v in x)
-        return x
-
-    return walk(obj)
 
 
 def build_ops() -> None:
