@@ -1,13 +1,18 @@
 """The Accelerator: one object that makes a plain PyTorch loop run on 1..N processes.
 
-Read this after lesson 4. Everything it does is something lesson 2 wrote out by hand:
+Read this after lesson 4. Everything it does is something lesson 2 wrote out by hand, and each
+method is written here or found by one of these names:
 
-* ``__init__`` reads the launch's choices, joins the process group (``state.py``) and picks a
-  strategy, how the ranks share the model (``strategies/``: one process, DDP, FSDP2, DeepSpeed).
-  Nothing below asks which one it got.
+* ``__init__`` reads the launch's choices, joins the process group and picks a strategy, how
+  the ranks share the model (``strategies/``: one process, DDP, FSDP2, DeepSpeed). What differs
+  between back ends is asked of ``self.strategy``; nothing here asks which one it got.
 * ``prepare`` hands models and optimizers to the strategy, and shards each DataLoader so every
-  rank sees distinct samples (``data.py``).
-* ``backward`` and ``accumulate`` walk one accumulation window (``accumulation.py``).
+  rank sees distinct samples (``data/``); ``backward`` and ``accumulate`` walk one accumulation
+  window (``accumulation.py``).
+* The process facts (``rank``, ``device``, ...), ``print``, the barriers, the ``on_*_process``
+  decorators and the collectives (``gather``, ``reduce``, ...) come from the base class
+  ``PartialState`` (``state.py``); the file methods (``save``, ``save_state``, ``load_state``,
+  ...) are the functions of ``saving.py``.
 
 No hidden globals: two Accelerators in one process share nothing, except what torch itself keeps
 process-wide: the default process group (created by the first Accelerator that needs it and
@@ -30,14 +35,13 @@ from ..env import DistEnv
 from ..observe import breakdown
 from ..observe.rank_recorder import Recorder
 from ..observe.trackers.log_with import Trackers
-from . import collectives
+from . import collectives, saving
 from .accumulation import AccumulationWindow, GradientAccumulationPlugin, accumulation_plugin
 from .data.loader import LoopState, PreparedDataLoader
 from .data.sharding import DataLoaderConfiguration, prepare_dataloader
 from .join import join_uneven
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .project import ProjectConfiguration
-from .saving import Checkpointing
 from .state import DistributedType, PartialState
 from .strategies import choose
 from .strategies.fsdp import FSDPPlugin
@@ -45,10 +49,9 @@ from .strategies.zero import DeepSpeedPlugin  # DeepSpeed itself loads on demand
 
 if TYPE_CHECKING:
     from ..observe.live.view import LiveView
-    from ..observe.records import Run
 
 
-class Accelerator(Checkpointing, PartialState):
+class Accelerator(PartialState):
     """Device placement, DDP, mixed precision and gradient accumulation for a training loop.
 
     >>> accelerator = Accelerator(mixed_precision="no", gradient_accumulation_steps=2)
@@ -62,23 +65,20 @@ class Accelerator(Checkpointing, PartialState):
         gradient_accumulation_steps: micro-batches per optimizer step inside ``accumulate``.
         cpu: use the CPU even when a GPU is present; ``None`` takes the launch default
             (``nbaccel launch --cpu``, ``notebook_launcher(cpu=True)``), else False.
-        live: without a launcher listening (one process in a notebook, or torchrun), show the
-            live view on the main process: the panel in a notebook, a progress line on stderr
-            elsewhere (or pass your own ``LiveView``). Under ``notebook_launcher`` the notebook
-            draws it, whatever this says.
+        live: show the live view on the main process when no launcher listens (one process in
+            a notebook, torchrun): the panel in a notebook, a progress line on stderr elsewhere,
+            or your own ``LiveView``. Under ``notebook_launcher`` the notebook draws it anyway.
         fsdp_plugin: shard parameters, gradients and optimizer state over the ranks with
-            PyTorch's FSDP2 instead of replicating them with DDP
-            (``nbaccel.accelerator.strategies.fsdp``). A launch with ``fsdp=True`` (``nbaccel launch
-            --fsdp``) makes it the default.
+            PyTorch's FSDP2 instead of replicating them with DDP (``strategies/fsdp.py``). A
+            launch with ``fsdp=True`` (``nbaccel launch --fsdp``) makes it the default.
         deepspeed_plugin: train through a DeepSpeed engine with ZeRO sharding
-            (``nbaccel.accelerator.strategies.zero``). A launch with ``zero_stage=N`` (``nbaccel
-            launch --deepspeed
-            --zero-stage N``) makes ``DeepSpeedPlugin(zero_stage=N)`` the default.
+            (``strategies/deepspeed.py``). A launch with ``zero_stage=N`` (``nbaccel launch
+            --deepspeed --zero-stage N``) makes ``DeepSpeedPlugin(zero_stage=N)`` the default.
         log_with: experiment trackers (``"tensorboard"``, ``"mlflow"``, ``"wandb"``, ``"all"``,
             a list, or ``GeneralTracker`` objects: ``nbaccel.observe.trackers``), started by
             ``init_trackers``; ``log`` writes to them on the main process.
         project_dir, project_config: the run's folder, for the trackers' files and for
-            checkpoints that name themselves (``nbaccel.accelerator.project.ProjectConfiguration``).
+            checkpoints that name themselves (``project.ProjectConfiguration``).
     """
 
     def __init__(
@@ -97,10 +97,9 @@ class Accelerator(Checkpointing, PartialState):
         project_config: ProjectConfiguration | None = None,
     ) -> None:
         launch = LaunchConfig.from_environ()  # what notebook_launcher / nbaccel launch chose
-        precision_given = mixed_precision is not None or launch.mixed_precision is not None
-        if mixed_precision is None:
-            mixed_precision = launch.mixed_precision or "no"  # type: ignore[assignment]
-        mixed_precision = check_mode(mixed_precision)
+        given = launch.mixed_precision if mixed_precision is None else mixed_precision
+        precision_given = given is not None
+        mixed_precision = check_mode("no" if given is None else given)
         plugin = accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin)
         self.dataloader_config = DataLoaderConfiguration.checked(dataloader_config)
         if not isinstance(step_scheduler_with_optimizer, bool):
@@ -136,7 +135,7 @@ class Accelerator(Checkpointing, PartialState):
         self._window = AccumulationWindow(
             self.strategy.accumulation_steps, plugin, on_step=self.recorder.count
         )
-        self.run: Run | None = self.recorder.run
+        self.run = self.recorder.run  # the records, kept here when no launcher listens
         self._loop = LoopState()
         self._total_steps: int | None = None
 
@@ -256,8 +255,7 @@ class Accelerator(Checkpointing, PartialState):
 
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None):
         """Train or evaluate on batches that do not divide evenly among the ranks (torch's
-        ``Join``: see ``nbaccel.accelerator.join``). ``even_batches`` overrides the prepared
-        loaders' setting
+        ``Join``: see ``join.py``). ``even_batches`` overrides the prepared loaders' setting
         inside the block; with even batches, or one process, it does nothing."""
         if not self.use_distributed:
             return contextlib.nullcontext()
@@ -299,7 +297,6 @@ class Accelerator(Checkpointing, PartialState):
             self.precision.unscale_(*(o.optimizer for o in self._optimizers))
         return self.sync_gradients
 
-    # -- collectives: PartialState's (gather, reduce, ...), and this one ----------------------
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather`` per-sample values, dropping the repeats that topped up the last batch:
         over a prepared loader of ``n`` samples, exactly ``n`` rows. Non-tensor data (lists of
@@ -336,10 +333,7 @@ class Accelerator(Checkpointing, PartialState):
         library, e.g. ``{"wandb": {"entity": "me"}}``. Every rank may call it."""
         self._trackers.start(project_name, config, init_kwargs, self.is_main_process)
 
-    @property
-    def tracker(self) -> Recorder:
-        """``recorder``'s old name (a *tracker* is now only Accelerate's kind: ``trackers``)."""
-        return self.recorder
+    tracker = property(lambda self: self.recorder, doc="``recorder``'s old name.")
 
     @property
     def trackers(self) -> list:
@@ -352,9 +346,8 @@ class Accelerator(Checkpointing, PartialState):
 
     @property
     def total_steps(self) -> int | None:
-        """Set it to the batches the loop will take (e.g. ``epochs * len(loader)``) and the
-        progress line shows an ETA. The line counts optimizer steps, so with accumulation over
-        K batches it shows ``total_steps / K`` (rounded up) as the total."""
+        """The batches the loop will take (e.g. ``epochs * len(loader)``): the progress line's
+        ETA. It counts optimizer steps: with accumulation over K batches, ``total_steps / K``."""
         return self._total_steps
 
     @total_steps.setter
@@ -362,7 +355,7 @@ class Accelerator(Checkpointing, PartialState):
         self._total_steps = value
         self.recorder.total_steps = -(-value // self.gradient_accumulation_steps)
 
-    # -- models and checkpoints ------------------------------------------------------------------
+    # -- models and files (the files' methods call saving.py) ------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True):
         """The user's own module inside DDP and ``torch.compile`` wrappers.
 
@@ -370,6 +363,18 @@ class Accelerator(Checkpointing, PartialState):
         ``keep_fp32_wrapper=False`` also removes the autocast that ``prepare`` put on forward.
         """
         return self.strategy.unwrap(model, keep_autocast=keep_fp32_wrapper)
+
+    def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The model's full state dict, unsharded and without wrapper prefixes, on every rank
+        (every rank must call it): it loads into the plain model."""
+        return self.strategy.state_dict(model)
+
+    # saving.py's functions take the Accelerator first: assigned here, they are its methods.
+    save = saving.save
+    save_state = saving.save_state
+    load_state = saving.load_state
+    register_for_checkpointing = saving.register_for_checkpointing
+    skip_first_batches = saving.skip_first_batches
 
     def end_training(self) -> None:
         """Send the last metrics, draw the final view, finish the trackers, and destroy the
