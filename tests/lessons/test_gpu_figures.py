@@ -122,7 +122,7 @@ def test_the_results_are_found_from_a_folder_below_the_repository(tmp_path, monk
 def test_the_helpers_read_what_benchmarks_gpu_writes(results):
     """The schema is benchmarks/gpu.py's: its CPU smoke parts, relabelled as a GPU run."""
     torch = pytest.importorskip("torch")
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu.py"
     spec = importlib.util.spec_from_file_location("nbaccel_benchmarks_gpu", path)
     gpu = importlib.util.module_from_spec(spec)
     before = list(sys.path)

@@ -20,8 +20,8 @@ import pytest
 
 from lessonbuild import runner
 
-ROOT = Path(__file__).resolve().parents[1]
-MARK = "<!-- tests/test_install.py runs this block as it stands, in a copy of the clone -->"
+ROOT = Path(__file__).resolve().parents[2]
+MARK = "<!-- tests/package/test_install.py runs this block as it stands, in a copy of the clone -->"
 BARE_PATH = "/usr/bin:/bin"
 
 pytestmark = [pytest.mark.install, pytest.mark.timeout(1800)]
