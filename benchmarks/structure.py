@@ -1,11 +1,21 @@
-"""How the package is built: module sizes, import cycles, and the Accelerator's back-end branches.
+"""How the package is built: its folders and what each may import, module sizes, import cycles,
+names, and the Accelerator's back-end branches.
 
 Counts, not timings, so one run is the answer (no rounds, no medians):
 
-* lines per module (the target: none over 400, ``accelerator.py`` included);
+* lines per module (the target: none over 400, ``accelerator/accelerator.py`` included);
 * nbaccel's import graph, every ``import`` counted (top level and inside functions, since a lazy
   import still runs; not those under ``if TYPE_CHECKING:``, which never run), and its cycles:
   groups of modules that reach each other;
+* the same graph between folders: in every folder, its modules and subfolders (a subfolder
+  counted as one) must not reach each other in a circle either;
+* the folder table (``PARTS``, from DESIGN.md): each edge between the parts of the package
+  (base, observe/, accelerator/, launch/, lab/, utils, lessons/, commands/) must be one the
+  table allows; ``EXCEPTIONS`` names the one module allowed more, and why;
+* names: no two modules of one folder whose names differ only by a suffix (``tracker`` /
+  ``tracking`` / ``tracking_setup``), and at most ``MAX_TOP_LEVEL`` ``.py`` files at the top;
+* base classes that use a member they do not declare (``self.x`` read but never set, defined
+  or annotated in the class or its own bases): the target is none;
 * the ``if``s in ``accelerator.py`` whose condition names a back end (DeepSpeed, FSDP, DDP, an
   engine, sharding): a back end belongs in its strategy module, so the target is none;
 * which modules the library imports from the notebook build tooling (the target: none).
@@ -27,7 +37,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "nbaccel"
 MAX_LINES = 400
+MAX_TOP_LEVEL = 10  # .py files directly in nbaccel/, __init__.py and __main__.py included
 BACK_END = re.compile(r"deepspeed|fsdp|engine|shard|DistributedDataParallel|zero", re.IGNORECASE)
+
+# The parts of the package and what each may import besides itself (DESIGN.md's table). A
+# module's part is its folder under nbaccel/; the base modules, utils and the entry points are
+# parts of their own; "public" is nbaccel/__init__.py, the lazy public names.
+BASE = ("env", "config", "errors", "tensors")
+PARTS: dict[str, set[str]] = {
+    "base": set(),
+    "observe": {"base"},
+    "accelerator": {"base", "observe"},
+    "launch": {"base", "observe"},
+    "lab": {"base", "observe", "accelerator", "launch"},
+    "utils": {"base", "observe", "accelerator", "launch"},
+    "lessons": {"public", "base", "lab"},
+    "commands": {"public", "base", "observe", "accelerator", "launch", "lab", "utils", "lessons"},
+    "public": {"base", "observe", "accelerator", "launch", "lab", "utils"},
+}
+EXCEPTIONS = {  # (module, part it may import beyond its own part's row): why
+    ("nbaccel.launch.forkserver", "accelerator"): "imports the Accelerator once, before it forks, "
+    "so that every worker starts warm",
+}
 
 
 def modules() -> dict[str, Path]:
@@ -76,6 +107,138 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
                 target = target.rpartition(".")[0]
             if target and target != name:
                 found.add(target)
+    return found
+
+
+def part(module: str) -> str:
+    """The part of the package ``module`` belongs to (a key of ``PARTS``)."""
+    names = module.split(".")
+    if len(names) == 1:
+        return "public"
+    top = names[1]
+    if top in BASE:
+        return "base"
+    return "commands" if top in ("cli", "commands", "__main__") else top
+
+
+def forbidden(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b (part -> part)`` for each import the folder table does not allow."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        mine = part(module)
+        for target in sorted(targets):
+            theirs = part(target)
+            if theirs == mine or theirs in PARTS[mine] or (module, theirs) in EXCEPTIONS:
+                continue
+            found.append(f"{module} -> {target} ({mine} may not import {theirs})")
+    return found
+
+
+def folder_cycles(graph: dict[str, set[str]], packages: set[str] | None = None) -> list[str]:
+    """Cycles between the children of each folder (its modules, and each subfolder counted as
+    one), one line per cycle: ``nbaccel.observe: live <-> records``."""
+    if packages is None:
+        packages = {name for name, path in modules().items() if path.name == "__init__.py"}
+    found = []
+    for folder in sorted(packages):
+
+        def child(module: str, folder: str = folder) -> str | None:
+            if not module.startswith(folder + ".") or module == folder:
+                return None
+            return module[len(folder) + 1 :].split(".")[0]
+
+        edges: dict[str, set[str]] = {}
+        for module, targets in graph.items():
+            a = child(module)
+            if a is None:
+                continue
+            edges.setdefault(a, set())
+            for target in targets:
+                b = child(target)
+                if b is not None and b != a:
+                    edges[a].add(b)
+                    edges.setdefault(b, set())
+        found += [f"{folder}: {' <-> '.join(group)}" for group in cycles(edges)]
+    return found
+
+
+def _stem(name: str) -> str:
+    """``tracking_setup`` -> ``track``, ``tracker`` -> ``track``: a name's first word, without
+    the endings that make another word of the same thing."""
+    word = name.split("_")[0]
+    for ending in ("ings", "ing", "ers", "er", "s"):
+        if word.endswith(ending) and len(word) - len(ending) >= 3:
+            return word[: -len(ending)]
+    return word
+
+
+def name_clashes(names_by_folder: dict[str, list[str]]) -> list[str]:
+    """Pairs of modules or subfolders of one folder whose names differ only by a suffix."""
+    found = []
+    for folder, names in sorted(names_by_folder.items()):
+        names = sorted(n for n in names if not n.startswith("__"))
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                if b.startswith(a + "_") or _stem(a) == _stem(b):
+                    found.append(f"{folder}: {a} / {b}")
+    return found
+
+
+def siblings() -> dict[str, list[str]]:
+    """Each folder of the package -> the names of its modules and subfolders."""
+    found: dict[str, list[str]] = {}
+    for folder in [PACKAGE, *sorted(p for p in PACKAGE.rglob("*") if (p / "__init__.py").exists())]:
+        names = [p.stem for p in folder.glob("*.py")]
+        names += [p.name for p in folder.iterdir() if (p / "__init__.py").exists()]
+        found[folder.relative_to(ROOT).as_posix()] = sorted(names)
+    return found
+
+
+def undeclared_members(sources: dict[str, Path]) -> list[str]:
+    """``module.Class.member`` for each member a base class of the package reads from ``self``
+    without declaring it (set, defined or annotated in it or in its own bases)."""
+    classes: dict[str, tuple[ast.ClassDef, list[str]]] = {}
+    for path in sources.values():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(b).split(".")[-1] for b in node.bases]
+                classes[node.name] = (node, bases)
+    used_as_base = {b for _, bases in classes.values() for b in bases if b in classes}
+
+    def declared(name: str) -> set[str]:
+        node, bases = classes[name]
+        names: set[str] = set()
+        for stmt in node.body:  # the class body's own names: methods, class attributes
+            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+                names.add(stmt.name)
+            elif isinstance(stmt, ast.Assign | ast.AnnAssign):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        names |= {  # and what its methods set on self
+            inner.attr
+            for inner in ast.walk(node)
+            if isinstance(inner, ast.Attribute)
+            and isinstance(inner.ctx, ast.Store)
+            and ast.unparse(inner.value) == "self"
+        }
+        for base in bases:
+            names |= declared(base) if base in classes else set()
+        return names
+
+    found = []
+    for name in sorted(used_as_base):
+        node, bases = classes[name]
+        if any(b not in classes and b not in ("object", "Protocol") for b in bases):
+            continue  # a subclass of someone else's class (torch's): its members are theirs
+        reads = {
+            n.attr
+            for n in ast.walk(node)
+            if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name)
+            and n.value.id == "self"
+            and not n.attr.startswith("__")
+        }
+        found += [f"{name}.{member}" for member in sorted(reads - declared(name))]
     return found
 
 
@@ -130,6 +293,7 @@ def measure() -> dict:
     mods = modules()
     graph = {name: imports(name, path, set(mods)) for name, path in mods.items()}
     lines = {name: len(path.read_text().splitlines()) for name, path in mods.items()}
+    top_level = sorted(p.name for p in PACKAGE.glob("*.py"))
     tooling = {
         m
         for m in mods
@@ -139,6 +303,12 @@ def measure() -> dict:
         "lines": dict(sorted(lines.items(), key=lambda kv: -kv[1])),
         "over_limit": {m: n for m, n in lines.items() if n > MAX_LINES},
         "cycles": cycles(graph),
+        "folder_cycles": folder_cycles(graph),
+        "forbidden_imports": forbidden(graph),
+        "name_clashes": name_clashes(siblings()),
+        "top_level_files": top_level,
+        "too_many_top_level_files": len(top_level) > MAX_TOP_LEVEL,
+        "undeclared_members": undeclared_members(mods),
         "accelerator_back_end_ifs": back_end_branches(PACKAGE / "accelerator" / "accelerator.py"),
         "notebook_tooling_in_package": sorted(tooling),
         "imports": {m: sorted(t) for m, t in sorted(graph.items())},
@@ -156,6 +326,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {n:5d}  {name}")
     print(f"over {MAX_LINES} lines: {result['over_limit'] or 'none'}")
     print(f"import cycles: {result['cycles'] or 'none'}")
+    print(f"cycles between a folder's modules and subfolders: {result['folder_cycles'] or 'none'}")
+    print(f"imports the folder table forbids: {len(result['forbidden_imports'])}")
+    for line in result["forbidden_imports"]:
+        print(f"  {line}")
+    print(f"names that differ only by a suffix: {result['name_clashes'] or 'none'}")
+    top = result["top_level_files"]
+    print(f".py files at nbaccel/'s top level: {len(top)} (at most {MAX_TOP_LEVEL}): {top}")
+    print(f"members a base class uses without declaring: {result['undeclared_members'] or 'none'}")
     ifs = result["accelerator_back_end_ifs"]
     print(f"back-end ifs in accelerator.py: {len(ifs)}")
     for line in ifs:
@@ -163,8 +341,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"notebook tooling inside the package: {result['notebook_tooling_in_package'] or 'none'}")
     if opts.json:
         Path(opts.json).write_text(json.dumps(result, indent=1) + "\n")
-    missed = (
-        result["over_limit"] or result["cycles"] or ifs or result["notebook_tooling_in_package"]
+    missed = any(
+        result[key]
+        for key in (
+            "over_limit",
+            "cycles",
+            "folder_cycles",
+            "forbidden_imports",
+            "name_clashes",
+            "too_many_top_level_files",
+            "undeclared_members",
+            "accelerator_back_end_ifs",
+            "notebook_tooling_in_package",
+        )
     )
     return 1 if opts.check and missed else 0
 

@@ -28,7 +28,7 @@ MIXED_PRECISION_VAR = "NBACCEL_MIXED_PRECISION"
 CPU_VAR = "NBACCEL_CPU"  # "1": use the CPU even where GPUs are visible
 FSDP_VAR = "NBACCEL_FSDP"  # "1": Accelerator() shards with FSDP2's defaults
 DEEPSPEED_VAR = "NBACCEL_DEEPSPEED"  # "0".."3": Accelerator() uses DeepSpeed at that ZeRO stage
-CHANNEL_VAR = "NBACCEL_METRICS_FD"  # the worker's end of the metrics socket (``metrics.py``)
+CHANNEL_VAR = "NBACCEL_METRICS_FD"  # the worker's end of the channel (``observe/channel.py``)
 PANEL_VAR = "NBACCEL_SAVE_PANEL"  # a path: without a notebook, save the final panel there
 CONFIG_VAR = "NBACCEL_CONFIG"  # where the ``nbaccel config`` file is, if not the usual place
 BREAKDOWN_VAR = "NBACCEL_BREAKDOWN"  # "0": time nothing (``breakdown.py``); on by default
@@ -121,7 +121,7 @@ def _int(environ: Mapping[str, str], name: str, default: int | object | None = .
 
 def choose_device(local_rank: int = 0, cpu: bool = False) -> torch.device:
     """CUDA at ``local_rank`` if there is one, else Apple's MPS, else the CPU."""
-    import torch  # here, not at import: the display side reads this module without torch
+    import torch  # here, not at import: the view's side reads this module without torch
 
     if not cpu and torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())

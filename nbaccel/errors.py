@@ -57,7 +57,7 @@ class LaunchError(NbaccelError):
         stacks: dict | None = None,
     ) -> None:
         self.failures = failures or []
-        self.run = run  # the launch's metrics.Run: what every rank logged before it failed
+        self.run = run  # the launch's records (a Run): what every rank logged before it failed
         # A timeout's {rank: stacks.RankStack or None}: where each unfinished rank was, asked
         # before it was stopped (None: it did not answer).
         self.stacks = stacks or {}

@@ -123,7 +123,7 @@ def notebook_launcher(
         deepspeed, zero_stage: make the workers' ``Accelerator()`` train through a DeepSpeed
             engine, ``DeepSpeedPlugin(zero_stage=...)``. ``zero_stage`` (0-3) implies
             ``deepspeed=True``; ``deepspeed=True`` alone takes the config's stage, else 2.
-        live: draw the live view while the workers train (``display.py``): a panel in a
+        live: draw the live view while the workers train (``observe/live``): a panel in a
             notebook, a progress line on stderr elsewhere; or pass your own ``LiveView``.
         run: a ``Run`` to fill with every rank's metrics, results and failures; the return
             value stays rank 0's result. (A ``LaunchError`` carries it as ``.run``.)

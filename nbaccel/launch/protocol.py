@@ -11,7 +11,7 @@ of Unix socket carry them, all created by the launcher:
   Framing: a 4-byte length, then the pickle (``send``/``recv``).
 * each worker's message socket: the call in (``pack_call``: the function travels by value),
   then ``Result`` or ``Failure`` out (``encode``/``decode``, one message per frame).
-* each worker's metrics socket: datagrams of ``Accelerator.log`` records (``metrics.py``).
+* each worker's metrics socket: datagrams of ``Accelerator.log`` records (``observe/channel.py``).
 
 A worker's exception crosses as ``ExceptionData``: this is the one place that turns an exception
 into plain data (``ExceptionData.of``) and back into the text Python prints (``format``).

@@ -49,7 +49,7 @@ class _Rank:
     exit_code: int | None = None
     result: bytes | None = None
     error: Failure | None = None
-    metrics: socket.socket | None = None  # datagrams from the worker's metrics.Channel
+    metrics: socket.socket | None = None  # datagrams from the worker's channel.Channel
     signaled: bool = False  # still running when the launch began to stop the workers
     partial: dict[int, bytes] = field(default_factory=dict)
 

@@ -2,7 +2,7 @@
 
 Every rank keeps one ``Breakdown``: cumulative seconds since its loop's first timed moment (in
 a training loop, the first batch asked of a prepared DataLoader). The recorder records them
-with its other counters every quarter second (``metrics.TIME_*``); ``Run.breakdown()`` reads
+with its other counters every quarter second (``channel.TIME_*``); ``Run.breakdown()`` reads
 them in the notebook, and ``Run.straggler()`` names the rank the others wait for.
 
 * **data**: inside the prepared DataLoader, from asking for a batch to getting it on the device.

@@ -1,4 +1,4 @@
-"""Numbers from the workers to the notebook: ``log()`` -> channel -> launching process -> display.
+"""Numbers from the workers to the notebook: ``log()`` -> channel -> launching process -> view.
 
 Worker side (``Channel``): ``Accelerator.log`` and the prepared DataLoader/optimizer add records
 to a bounded buffer; every quarter second it is sent as datagrams on a Unix socket that the
@@ -8,7 +8,8 @@ the buffer is full the oldest are dropped and counted. Logging never blocks and 
 
 Launcher side: ``decode`` turns a datagram back into ``Record``s, which the launching process
 keeps in a ``run.Run``. The names of the library's own counters live here, beside the channel
-that carries them. Nothing here draws: ``display`` imports this module, never the reverse.
+that carries them. Nothing here draws: the view (``live``) imports this module, never the
+reverse.
 
 Neither side imports torch: values arrive here already converted to floats.
 """

@@ -1,12 +1,13 @@
 """What a launch recorded, on the launching side: every rank's records, results and failures.
 
-The workers' ``metrics.Channel`` sends ``Record``s; the launching process keeps them in a
+The workers' ``channel.Channel`` sends ``Record``s; the launching process keeps them in a
 ``Run``, which answers the questions the live view and the scaling lab ask (each metric per
 rank, its mean, rates of the counters, the training window) and exports them as CSV or JSON.
 
-Data flows one way: worker -> ``metrics`` -> ``Run`` -> ``display``. A ``Run`` draws itself
-(``figure``, ``save_png``) through ``display``, imported when asked to draw; ``display`` needs
-``Run`` only as a type, so neither side imports the other at start.
+Data flows one way: worker -> ``channel`` -> ``Run`` -> the view (``live``). A ``Run`` draws
+itself (``figure``, ``save_png``) through ``live.panel``, imported only when asked to draw; the
+view needs ``Run`` only as a type and never imports this module, so the two never import each
+other.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The samplers that shard a DataLoader: this rank's batches of each global step, and a
-shuffle that depends on a seed and the epoch alone. The rules they follow are in ``data``'s
+shuffle that depends on a seed and the epoch alone. The rules they follow are in ``sharding``'s
 docstring; ``shard_dataloader`` builds them.
 """
 
