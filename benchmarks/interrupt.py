@@ -33,7 +33,8 @@ from unittest import mock
 import torch
 
 import nbaccel
-from nbaccel import notebook_launcher, supervisor
+from nbaccel import notebook_launcher
+from nbaccel.launch import supervisor
 from nbaccel.observe.hang import report
 
 SETTLE = 0.3  # seconds after rank 0's file, so that it is inside the all-reduce
