@@ -38,13 +38,23 @@ def train(epochs=6):
 """
 
 
-def outputs_of(source: list[str], tmp_path) -> list[list[dict]]:
+LAUNCH = "run = Run()\nloss = notebook_launcher(train, num_processes=2, run=run)"
+CHECK = "len(run.series('loss')[0][0]), len(run.series('loss')[1][0]), sorted(run.results)"
+HERE = "train(epochs=3)"  # the same loop in the kernel itself: one process, no launcher
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory) -> list[list[dict]]:
+    """One kernel runs both cases, as a learner's notebook would: a launch, then the loop in
+    the kernel. Each cell's outputs, in order."""
+    folder = tmp_path_factory.mktemp("notebook")
+    source = [TRAIN, LAUNCH, CHECK, HERE]
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in source])
     NotebookClient(
         notebook,
         timeout=600,
         kernel_name="python3",
-        resources={"metadata": {"path": str(tmp_path)}},
+        resources={"metadata": {"path": str(folder)}},
     ).execute()
     return [cell.outputs for cell in notebook.cells]
 
@@ -57,10 +67,8 @@ def pngs(outputs: list[dict]) -> list[bytes]:
     ]
 
 
-def test_a_launched_run_leaves_its_final_panel_in_the_notebook(tmp_path):
-    launch = "run = Run()\nloss = notebook_launcher(train, num_processes=2, run=run)"
-    check = "len(run.series('loss')[0][0]), len(run.series('loss')[1][0]), sorted(run.results)"
-    _, launched, checked = outputs_of([TRAIN, launch, check], tmp_path)
+def test_a_launched_run_leaves_its_final_panel_in_the_notebook(executed):
+    _, launched, checked, _ = executed
     images = pngs(launched)
     assert len(images) == 1 and images[0][:8] == b"\x89PNG\r\n\x1a\n"
     kinds = [o["output_type"] for o in launched]
@@ -70,6 +78,6 @@ def test_a_launched_run_leaves_its_final_panel_in_the_notebook(tmp_path):
     assert checked[0]["data"]["text/plain"] == "(384, 384, [0, 1])"
 
 
-def test_a_single_process_loop_gets_the_same_view(tmp_path):
-    _, here = outputs_of([TRAIN, "train(epochs=3)"], tmp_path)
+def test_a_single_process_loop_gets_the_same_view(executed):
+    *_, here = executed
     assert len(pngs(here)) == 1
