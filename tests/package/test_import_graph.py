@@ -148,3 +148,26 @@ def test_the_notebook_tooling_is_outside_the_package_and_has_no_cycle():
         timeout=60,
     )
     assert done.returncode == 0 and "demo" in done.stdout, done.stderr
+
+
+def test_the_public_paths_keep_working():
+    """What users and the lessons import, in a fresh interpreter: every name in ``__all__``
+    (``from nbaccel import *``), ``from nbaccel import projection``, ``nbaccel.utils`` with
+    Accelerate's names, ``nbaccel.lessons``; and ``python -m nbaccel`` with every subcommand."""
+    code = (
+        "import nbaccel, nbaccel.lessons, nbaccel.utils\n"
+        "from nbaccel import *\n"
+        "assert all(globals()[name] is getattr(nbaccel, name) for name in nbaccel.__all__)\n"
+        "from nbaccel import projection\n"
+        "assert projection.__name__ == 'nbaccel.lab.projection' and projection.PRESETS\n"
+        "assert all(hasattr(nbaccel.utils, name) for name in nbaccel.utils.__all__)\n"
+        "assert nbaccel.lessons.MLP and set(nbaccel.__all__) <= set(dir(nbaccel))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "nbaccel", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    for command in ("launch", "config", "env", "test", "scale", "build-ops"):
+        assert command in done.stdout, command
