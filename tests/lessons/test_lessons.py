@@ -8,11 +8,13 @@ import os
 import re
 import shutil
 import sys
+from pathlib import Path
 
 import nbformat
 import pytest
 
 from lessonbuild import runner
+from lessonbuild.notebooks import clean
 
 LESSONS = runner.lessons()
 NAMES = [
@@ -66,6 +68,25 @@ def test_a_lesson_is_committed_executed_with_clean_metadata(path):
     assert images, "the live view's panels should be in the committed notebook"
     assert all(base64.b64decode(o.data["image/png"])[:8] == PNG for o in images)
     assert all("execution" not in c.metadata for c in cells)
+    text = path.read_text()  # this checkout's folder and the home folder, as `make lessons` ran
+    assert f"{runner.NOTEBOOKS.parent}/" not in text and f"{Path.home()}/" not in text
+
+
+def test_cleaning_a_notebook_names_the_machines_paths_as_a_reader_can_place_them(tmp_path):
+    root, home = tmp_path / "home" / "me" / "nbaccel", tmp_path / "home" / "me"
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x")])
+    notebook.cells[0].outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text=f"Wrote {root}/notebooks/a.json\n"),
+        nbformat.v4.new_output("execute_result", data={"text/plain": f"'{home}/x'"}),
+        nbformat.v4.new_output(
+            "error", ename="E", evalue=f"{root}/b", traceback=[f"File {home}/.pyenv/t.py"]
+        ),
+    ]
+    clean(notebook, root=root, home=home)
+    stream, value, error = notebook.cells[0].outputs
+    assert stream.text == "Wrote <clone>/notebooks/a.json\n"  # the clone first: it is in home
+    assert value.data["text/plain"] == "'~/x'"
+    assert (error.evalue, error.traceback) == ("<clone>/b", ["File ~/.pyenv/t.py"])
 
 
 def make_notebook(path, *sources: str, tag_last: bool = False) -> None:
