@@ -187,6 +187,7 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
         if code == 0:
             channel.send_bytes(encode(Result(cloudpickle.dumps(None))))
     except BaseException as err:
+        flush_all()  # the records up to the failure reach the notebook before it does
         failure = Failure(ExceptionData.of(err, hide=__file__), _is_collective_failure(err))
         channel.send_bytes(encode(failure))
         code = 1

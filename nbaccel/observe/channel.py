@@ -42,6 +42,13 @@ TIME_COMMUNICATION = "nbaccel/time/communication"  # blocked in gradient sync an
 TIME_LOOP = "nbaccel/time/loop"  # wall time since this rank's first batch
 #: The parts of ``Run.breakdown()``; "other" is the loop's time outside the first three.
 BREAKDOWN = ("data", "compute", "communication", "other")
+#: A live rate covers each rank's last this many seconds of counter records: a dozen quarter-
+#: second intervals, so one late record or one pause of the notebook moves it by a few percent,
+#: not by half (one interval's rate spiked to 2.4 times the median on a busy machine).
+RATE_WINDOW_S = 3.0
+#: No rate comes from less than this (two counter intervals): a run or a window this short
+#: shows its samples and seconds, not a rate.
+MIN_RATE_SPAN_S = 0.5
 _PER_DATAGRAM = 40  # records; small enough for macOS's 2 KiB default datagram limit
 
 

@@ -143,6 +143,8 @@ class Recorder:
         self.tick()
 
     def _record_counters(self, last: bool = False) -> None:
+        if not (self.samples or self.optimizer_steps):
+            return  # counted nothing (another recorder on this rank counts): a 0 is no rate
         if (self.samples, self.optimizer_steps) == self._last_counters:
             # nothing new: a repeat would read as a rate of zero; the times' last word counts
             if last and self.breakdown is not None and (times := self.breakdown.counters()):
@@ -162,6 +164,8 @@ class Recorder:
         """Send the last numbers and draw the final view (safe to call twice)."""
         self._record_counters(last=True)
         self.channel.flush()
+        if self.run is not None and self.run.finished is None and self._live:
+            self.run.finished = time.time()  # this rank draws its own run: it ended here
         if self._view is not None:
             self._view.close(self.run)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bisect
 import csv
-import itertools
 import json
 import os
 import time
@@ -24,6 +23,8 @@ from typing import Any, Literal
 
 from .channel import (
     BREAKDOWN,
+    MIN_RATE_SPAN_S,
+    RATE_WINDOW_S,
     SAMPLES,
     TIME_COMMUNICATION,
     TIME_COMPUTE,
@@ -54,9 +55,16 @@ class Timing:
     samples: dict[int, float]  # per rank: every sample handed out from its first record on
 
     @property
-    def samples_per_s(self) -> float:
-        """All ranks' samples over the training seconds: the launch's throughput."""
+    def throughput(self) -> float:
+        """All ranks' samples over the training seconds: the launch's throughput, in samples/s
+        (0.0 when the window is empty). The scaling table's number and the final progress
+        line's."""
         return sum(self.samples.values()) / self.training if self.training > 0 else 0.0
+
+    @property
+    def samples_per_s(self) -> float:
+        """The old name of ``throughput`` (kept: the same number)."""
+        return self.throughput
 
 
 @dataclass(frozen=True)
@@ -136,15 +144,16 @@ class Run:
         steps = sorted(by_step)
         return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
 
-    def rates(self, name: str = SAMPLES) -> dict[int, tuple[list[float], list[float]]]:
-        """``{rank: (seconds since start, per second)}`` from a cumulative counter."""
+    def rates(
+        self, name: str = SAMPLES, window: float = RATE_WINDOW_S
+    ) -> dict[int, tuple[list[float], list[float]]]:
+        """``{rank: (seconds since start, per second)}`` from a cumulative counter: at each of a
+        rank's records, its rate over its last ``window`` seconds (since its first record, while
+        it has fewer), drawn only where that span is at least ``MIN_RATE_SPAN_S``. The live
+        panel's curves; their last points are ``live_rate``."""
         out = {}
         for rank, rs in self._by_rank(name).items():
-            pairs = [
-                (b.time - self.started, (b.value - a.value) / (b.time - a.time))
-                for a, b in itertools.pairwise(rs)
-                if b.time > a.time
-            ]
+            pairs = [(b.time - self.started, rate) for b, rate in _windowed(rs, window)]
             if pairs:
                 out[rank] = ([t for t, _ in pairs], [v for _, v in pairs])
         return out
@@ -156,18 +165,38 @@ class Run:
     def latest_step(self, name: str) -> dict[int, int]:
         return {rank: rs[-1].step for rank, rs in self._by_rank(name).items()}
 
-    def latest_rate(self, name: str = SAMPLES) -> dict[int, float]:
-        """Each rank's rate between its last two records of a cumulative counter."""
-        return {
-            rank: (rs[-1].value - rs[-2].value) / (rs[-1].time - rs[-2].time)
-            for rank, rs in self._by_rank(name).items()
-            if len(rs) > 1 and rs[-1].time > rs[-2].time
-        }
+    def live_rate(self, name: str = SAMPLES, window: float = RATE_WINDOW_S) -> dict[int, float]:
+        """Each rank's rate of a cumulative counter over its last ``window`` seconds of records
+        (``rates``' last point); a rank whose records span less than ``MIN_RATE_SPAN_S`` has
+        none yet."""
+        out = {}
+        for rank, rs in self._by_rank(name).items():
+            last = _windowed(rs[-1:], window, rs)
+            if last:
+                out[rank] = last[0][1]
+        return out
 
-    def samples_per_s(self) -> float:
-        """What the progress line shows: every rank's latest samples rate, summed (a quarter
-        second or less, not the run; ``timing().samples_per_s`` is the run's)."""
-        return sum(self.latest_rate(SAMPLES).values())
+    def live_samples_per_s(self, window: float = RATE_WINDOW_S) -> float | None:
+        """What the progress line shows while the run goes: every rank's samples rate over its
+        last ``window`` seconds, summed; None until every rank that counted samples has
+        ``MIN_RATE_SPAN_S`` of records. A recent window, not the run: ``throughput()`` is the
+        run's."""
+        counted = self._by_rank(SAMPLES)
+        rates = self.live_rate(SAMPLES, window)
+        if not rates or set(rates) != set(counted):
+            return None
+        return sum(rates.values())
+
+    #: The old name of ``live_samples_per_s`` (it was one counter interval's rate; now the
+    #: window's).
+    samples_per_s = live_samples_per_s
+
+    def throughput(self) -> float | None:
+        """The run's throughput: every rank's samples over the training window, in samples/s
+        (``timing().throughput``), what the progress line shows once the run ended and what the
+        scaling table uses. None when the window is shorter than ``MIN_RATE_SPAN_S``."""
+        timing = self.timing()
+        return timing.throughput if timing.training >= MIN_RATE_SPAN_S else None
 
     def timing(self) -> Timing:
         """Split the clock at the first and last samples-counter record of any rank.
@@ -266,6 +295,23 @@ class Run:
 
 def _time(record: Record) -> float:
     return record.time
+
+
+def _windowed(
+    ends: list[Record], window: float, records: list[Record] | None = None
+) -> list[tuple[Record, float]]:
+    """For each record of ``ends`` (some of ``records``, in time order): its rate over the
+    ``window`` seconds before it, from the last record at least that much older (or the first
+    record), kept where that span is at least ``MIN_RATE_SPAN_S``."""
+    records = ends if records is None else records
+    first = records[0] if records else None
+    out = []
+    for b in ends:
+        i = bisect.bisect_right(records, b.time - window, key=_time)
+        a = records[i - 1] if i else first
+        if a is not None and b.time - a.time >= MIN_RATE_SPAN_S:
+            out.append((b, (b.value - a.value) / (b.time - a.time)))
+    return out
 
 
 def _value_at(records: list[Record], moment: float) -> float:

@@ -169,12 +169,13 @@ def test_the_clock_splits_at_the_first_and_last_counter_record():
     assert row["efficiency"] == pytest.approx(1.0)  # the smallest count is the baseline
 
 
-def test_the_live_rate_is_the_last_interval_not_the_run():
-    run = Run(world_size=1, started=0.0, finished=3.0)
-    run.add(counters(0, [(1.0, 32.0), (2.0, 1032.0), (2.1, 1132.0)]))
+def test_the_live_rate_is_the_last_window_not_the_run():
+    run = Run(world_size=1, started=0.0, finished=7.0)
+    speeds = [(1.0, 32.0), (2.0, 1032.0), (3.0, 2032.0), (4.0, 2532.0), (5.0, 3032.0)]
+    run.add(counters(0, [*speeds, (6.0, 3532.0)]))
     scaling = Scaling(runs={1: run})
-    assert scaling.live_rate(1) == pytest.approx(100 / 0.1)  # the last 0.1 s
-    assert scaling.throughput(1) == pytest.approx(1132.0 / 1.1)  # the whole training window
+    assert scaling.live_rate(1) == pytest.approx(1500 / 3.0)  # the last 3 s
+    assert scaling.throughput(1) == pytest.approx(3532.0 / 5.0)  # the whole training window
 
 
 def test_a_run_without_counters_has_only_start_up():
@@ -186,12 +187,15 @@ def test_a_run_without_counters_has_only_start_up():
 def test_the_live_rate_is_the_one_the_progress_line_shows():
     from nbaccel.observe.live.line import progress
 
-    run = Run(world_size=2, started=0.0, finished=3.0)
+    run = Run(world_size=2, started=0.0)
     run.add(counters(0, [(1.0, 32.0), (2.0, 132.0)]))
     run.add(counters(1, [(1.0, 32.0), (1.5, 82.0)]))
     scaling = Scaling(runs={2: run})
     assert run.samples_per_s() == scaling.live_rate(2) == pytest.approx(100.0 + 100.0)
-    assert "200 samples/s" in progress(run)  # one definition, read by both
+    assert "200 samples/s (last 3 s)" in progress(run)  # one definition, read by both
+    run.finished = 3.0  # once ended, the line shows the table's number: the training window
+    assert "214 samples/s (training window 1.0 s)" in progress(run)
+    assert scaling.throughput(2) == run.throughput() == pytest.approx(214.0)
     assert scaling.timing(2) == run.timing()  # the window, defined with the records
 
 

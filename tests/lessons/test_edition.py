@@ -207,7 +207,7 @@ def test_the_live_panel_has_no_arabic_text():
     panel = Panel()
     panel.png(run)  # updated and drawn: the legend and tick labels exist
     texts = [t.get_text() for t in panel.fig.findobj(lambda a: hasattr(a, "get_text"))]
-    assert "loss" in texts and "throughput" in texts
+    assert "loss" in texts and any(text.startswith("throughput") for text in texts)
     assert not any(ARABIC_LETTER.search(text) for text in texts)
 
 

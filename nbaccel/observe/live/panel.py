@@ -12,9 +12,9 @@ import bisect
 import io
 from typing import TYPE_CHECKING, Any
 
-from ..channel import SAMPLES
+from ..channel import MIN_RATE_SPAN_S, RATE_WINDOW_S, SAMPLES
 from .bars import BreakdownBars
-from .line import loss_name, progress
+from .line import loss_name, progress, steps
 
 if TYPE_CHECKING:
     from ..records import Run
@@ -54,24 +54,46 @@ class Panel:
         self.fig = Figure(figsize=(10, 3.4), dpi=80)  # no layout engine: it doubles the time
         self.fig.subplots_adjust(left=0.07, right=0.98, bottom=0.15, top=0.8, wspace=0.22)
         self.loss_ax, self.speed_ax = self.fig.subplots(1, 2)
-        self.speed_ax.set(xlabel="seconds", ylabel="samples/s", title="throughput")
-        self.loss_ax.set(xlabel="step", title="nothing logged yet")
+        self.speed_ax.set(
+            xlabel="seconds since the launch",
+            ylabel="samples/s",
+            title=f"throughput (each point: the last {RATE_WINDOW_S:.0f} s)",
+        )
+        self.loss_ax.set(xlabel="step", title="loss")
         self.title = self.fig.suptitle("", fontsize=10)
+        # what an axes with nothing to draw says instead (cleared once it has a curve)
+        self._empty = {
+            ax: ax.text(
+                0.5,
+                0.5,
+                "",
+                ha="center",
+                va="center",
+                wrap=True,
+                fontsize=9,
+                color="0.35",
+                transform=ax.transAxes,
+            )
+            for ax in (self.loss_ax, self.speed_ax)
+        }
         self._lines: dict[tuple[Any, str], Any] = {}
         self.breakdown: BreakdownBars | None = None  # a third axes, once a rank has timed its loop
 
     def update(self, run: Run, total_steps: int | None = None, now: float | None = None) -> None:
         name = loss_name(run)
         if name:
-            for rank, (steps, values) in sorted(run.series(name).items()):
-                self._line(self.loss_ax, f"rank {rank}", _thin(steps, values), lw=1, alpha=0.35)
+            for rank, (xs, values) in sorted(run.series(name).items()):
+                self._line(self.loss_ax, f"rank {rank}", _thin(xs, values), lw=1, alpha=0.35)
             self._line(self.loss_ax, "mean", _thin(*run.mean(name)), **BOLD)
-            self.loss_ax.set(ylabel=name, title=name)
+            _, unit, _ = steps(run)
+            self.loss_ax.set(ylabel=name, title=name, xlabel=f"step ({unit})")
+        self._empty[self.loss_ax].set_text("" if name else _nothing_logged(run))
         rates = run.rates(SAMPLES)
         for rank, (times, values) in sorted(rates.items()):
             self._line(self.speed_ax, f"rank {rank}", _thin(times, values), lw=1, alpha=0.6)
         if len(rates) > 1:
             self._line(self.speed_ax, "total", _thin(*_total(rates)), **BOLD)
+        self._empty[self.speed_ax].set_text("" if rates else _no_rate(run))
         for ax in (self.loss_ax, self.speed_ax):
             ax.set_autoscale_on(True)  # set_ylim below turned it off: fit the new data
             ax.relim()
@@ -112,6 +134,28 @@ class Panel:
         lines = sorted(ax.lines, key=lambda line: _legend_order(line.get_label()))
         loc = "upper right" if ax is self.loss_ax else "lower right"
         ax.legend(handles=lines, loc=loc, fontsize=8)
+
+
+def _nothing_logged(run: Run) -> str:
+    return (
+        "nothing logged: log({'loss': loss}) on the Accelerator\n"
+        "or a Recorder draws the loss here, per rank and their mean"
+    )
+
+
+def _no_rate(run: Run) -> str:
+    """Why the throughput axes is empty: no samples counted, or too short a span of them."""
+    timing = run.timing()
+    if not timing.samples:
+        return (
+            "no samples counted: a prepared DataLoader counts them,\n"
+            "or log(..., samples=len(batch)) in your own loop"
+        )
+    samples = sum(timing.samples.values())
+    return (
+        f"{samples:,.0f} samples counted over {timing.training:.2f} s:\n"
+        f"a rate needs at least {MIN_RATE_SPAN_S} s of records"
+    )
 
 
 def _legend_order(label: str) -> tuple[int, int]:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ...env import in_notebook
 from ..channel import TOTAL_STEPS
-from .line import progress
+from .line import progress, timing_line
 from .panel import Panel, has_a_curve
 
 if TYPE_CHECKING:
@@ -164,7 +164,9 @@ class LiveView:
             self._next_image = now + self.image_interval
         total = self._total(run)
         if final or now >= self._next_text:
-            self.frontend.text(progress(run, total))
+            text = progress(run, total)
+            timed = timing_line(run) if final and run.finished else None
+            self.frontend.text(f"{text}\n{timed}" if timed else text)
             self._next_text = now + self.text_interval
         fresh = len(run.records) != self._seen and has_a_curve(run)
         if self.frontend.draws and fresh and (final or now >= self._next_image):

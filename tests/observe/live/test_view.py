@@ -161,10 +161,11 @@ def test_the_panel_plots_each_rank_faint_and_the_mean_bold():
 def test_progress_reads_like_a_sentence():
     run = a_run(steps=20, start=5000.0)
     line = progress(run, total_steps=40, now=5002.0)
-    assert line.startswith("step 19/40 | 2 ranks | 640 samples/s | 100 ms/step | loss ")
-    assert line.endswith(" | 2 s, ETA 2 s")  # 19 steps in 2 s, 21 to go
+    # 20 log calls (the loss axis's 20 points), 640 samples/s over the last 3 s of records
+    assert line.startswith("step 20/40 | 2 ranks | 640 samples/s (last 3 s) | 100 ms/step | ")
+    assert line.endswith(" | 2 s, ETA 2 s")  # 20 steps in 2 s, 20 to go
     run.device = "CPU"  # a launch says what its ranks train on
-    assert progress(run, total_steps=40, now=5002.0).startswith("step 19/40 | 2 ranks on CPU |")
+    assert progress(run, total_steps=40, now=5002.0).startswith("step 20/40 | 2 ranks on CPU |")
 
 
 def test_a_terminal_gets_one_line_rewritten_then_ended():
