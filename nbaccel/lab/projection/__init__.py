@@ -3,9 +3,11 @@
 Three parts, imported one way (the figure needs the model, never the reverse):
 
 * ``model``: the arithmetic, no torch: ``Interconnect`` and its ``PRESETS``, ``project``,
-  ``curve``, ``Calibration``;
+  ``curve``, ``Calibration``; ``check`` (a ``Check`` of a projection against a measured point,
+  within ``BOUND``) and ``coinciding`` (links whose curves would hide each other);
 * ``calibration``: the torch micro-benchmark, ``calibrate`` and ``calibration_worker``;
-* ``view``: the ``figure`` and the ``whatif`` widget panel.
+* ``view``: the ``figure`` (one curve per group of coinciding links, a check's verdict in its
+  title) and the ``whatif`` widget panel.
 
 Every name is importable from here (``from nbaccel import projection``, then
 ``projection.figure(...)``); the benchmark and the view are imported on first use, so using the
@@ -19,11 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from .model import (
     BACKWARD_SHARE,
+    BOUND,
     GB,
     PRESETS,
     Calibration,
+    Check,
     Interconnect,
     Projection,
+    check,
+    coinciding,
     curve,
     project,
 )
@@ -36,13 +42,17 @@ _LAZY = {
 }
 __all__ = [
     "BACKWARD_SHARE",
+    "BOUND",
     "GB",
     "PRESETS",
     "Calibration",
+    "Check",
     "Interconnect",
     "Projection",
     "calibrate",
     "calibration_worker",
+    "check",
+    "coinciding",
     "curve",
     "figure",
     "project",
