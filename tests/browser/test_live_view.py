@@ -335,8 +335,12 @@ def whatif_notebook() -> dict:
     return {**lesson, "cells": cells}
 
 
+# the panel's figure: a plain image output (display id) that the controls update in place
+PANEL_IMAGE = ".jp-RenderedImage img"
+
+
 def panel_image(page) -> str:
-    return page.locator(".widget-output img").first.get_attribute("src", timeout=120_000)
+    return page.locator(PANEL_IMAGE).first.get_attribute("src", timeout=120_000)
 
 
 @pytest.mark.parametrize("front_end, path", FRONT_ENDS)
@@ -353,14 +357,14 @@ def test_the_whatif_panel_is_a_widget_that_redraws(server, browser, front_end, p
             assert page.locator(".widget-slider", has_text=label).count() == 1, label
         page.locator(".widget-dropdown select").select_option("100 Gb Ethernet")
         page.wait_for_function(
-            "src => document.querySelector('.widget-output img')?.src !== src",
+            f"src => document.querySelector('{PANEL_IMAGE}')?.src !== src",
             arg=first,
             timeout=60_000,
         )
         second = panel_image(page)
         page.locator(".widget-checkbox input").click()  # overlap off: a third figure
         page.wait_for_function(
-            "src => document.querySelector('.widget-output img')?.src !== src",
+            f"src => document.querySelector('{PANEL_IMAGE}')?.src !== src",
             arg=second,
             timeout=60_000,
         )
