@@ -1,16 +1,23 @@
 """Small measuring tools the lessons share: accuracy, parameter bytes, all-reduce counts,
-each rank's bytes of model state under DDP, FSDP2 and DeepSpeed, and a check for an optional
-package that a section needs."""
+each rank's bytes of model state under DDP, FSDP2 and DeepSpeed, the CPU time of work run in
+threads or processes, and a check for an optional package that a section needs."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch.utils.data import Dataset
+
+from nbaccel.errors import NbaccelError
 
 
 @torch.no_grad()
@@ -211,3 +218,147 @@ def ring_all_reduce_steps(chunks: list[list], add=None) -> tuple[list[list[list]
             states.append(state)
             sends.append(moves)
     return states, sends
+
+
+def python_work(steps: int) -> int:
+    """``steps`` turns of a loop of integer arithmetic: pure Python, which holds the GIL all
+    along (no call in it releases the lock, unlike torch's operators). Returns the sum of
+    ``i * i`` for ``i < steps``, modulo 1,000,003, so that a caller can check the work was done.
+
+    >>> python_work(4)  # 0 + 1 + 4 + 9
+    14
+    """
+    total = 0
+    for i in range(steps):
+        total = (total + i * i) % 1_000_003
+    return total
+
+
+@dataclass(frozen=True)
+class WorkerTimes:
+    """What ``time_workers`` measured: per worker, its id (a thread's ident or a process's
+    pid), its result and the CPU seconds it used for the work; and the wall seconds from the
+    first worker's start to the last one's end."""
+
+    kind: Literal["threads", "processes"]
+    ids: tuple[int, ...]
+    results: tuple
+    cpu_seconds: tuple[float, ...]
+    wall_seconds: float
+
+    @property
+    def cores_busy(self) -> float:
+        """CPU seconds per wall second: how many cores the workers kept busy, on average."""
+        return sum(self.cpu_seconds) / self.wall_seconds
+
+
+START_TIMEOUT = 120  # seconds a worker waits for the others to start (a spawn imports torch)
+
+
+def _timed(fn: Callable, args: tuple, clock: Callable, ident: Callable, barrier) -> tuple:
+    """Run fn(*args) once every worker is ready; its CPU time by ``clock``, and when it ran."""
+    barrier.wait(timeout=START_TIMEOUT)
+    start, cpu = time.monotonic(), clock()  # monotonic is system-wide: one clock for all
+    result = fn(*args)
+    return ident(), result, clock() - cpu, start, time.monotonic()
+
+
+def _process_worker(index: int, fn: Callable, args: tuple, barrier, results) -> None:
+    import traceback
+
+    try:
+        results.put((index, True, _timed(fn, args, time.process_time, os.getpid, barrier)))
+    except BaseException:
+        results.put((index, False, traceback.format_exc()))
+
+
+def time_workers(
+    fn: Callable,
+    *args,
+    workers: int = 2,
+    kind: Literal["threads", "processes"] = "threads",
+) -> WorkerTimes:
+    """Run ``fn(*args)`` in ``workers`` threads of this process, or in as many processes, all
+    at once, and measure the CPU time each used for it and the wall time they took together.
+
+    A worker starts its clocks when all are ready (start-up is not counted). A thread reads
+    ``time.thread_time()``, its own CPU time; a process reads ``time.process_time()``, all its
+    threads. Processes are *spawned* (a fresh interpreter each, as on macOS and Windows), so
+    ``fn`` must be importable by name: a function defined in a notebook is not, and is refused.
+    A thread's exception propagates; a process's raises ``NbaccelError`` with its traceback.
+
+    >>> times = time_workers(python_work, 1000)
+    >>> times.results == (python_work(1000),) * 2 and len(set(times.ids)) == 2
+    True
+    """
+    if kind not in ("threads", "processes"):
+        raise ValueError(f"kind must be 'threads' or 'processes', not {kind!r}")
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, not {workers}")
+    if kind == "threads":
+        from concurrent.futures import ThreadPoolExecutor
+
+        barrier = threading.Barrier(workers)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = [
+                pool.submit(_timed, fn, args, time.thread_time, threading.get_ident, barrier)
+                for _ in range(workers)
+            ]
+            outcomes = [future.result() for future in futures]
+    else:
+        outcomes = _in_processes(fn, args, workers)
+    ids, results, cpu, starts, ends = zip(*outcomes, strict=True)
+    return WorkerTimes(kind, ids, results, cpu, max(ends) - min(starts))
+
+
+def _in_processes(fn: Callable, args: tuple, workers: int) -> list[tuple]:
+    import multiprocessing
+    import pickle
+    from queue import Empty
+
+    name = getattr(fn, "__qualname__", repr(fn))
+    try:
+        if getattr(fn, "__module__", None) == "__main__":  # a notebook's, or a script's
+            raise pickle.PicklingError(f"{name} is defined in __main__")
+        pickle.dumps((fn, args))
+    except (pickle.PicklingError, AttributeError, TypeError) as err:
+        raise TypeError(
+            f"a spawned process imports {name} by name, and cannot ({err}): define it in a "
+            "module, e.g. nbaccel.lessons.tools.python_work, and pass that"
+        ) from err
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(workers), context.Queue()
+    processes = [
+        context.Process(target=_process_worker, args=(i, fn, args, barrier, results), daemon=True)
+        for i in range(workers)
+    ]
+    done: dict[int, tuple] = {}
+    try:
+        for process in processes:
+            process.start()
+        while len(done) < workers:
+            # gone before the wait began: whatever it sent is already in the queue
+            gone = [i for i, p in enumerate(processes) if p.exitcode is not None and i not in done]
+            try:
+                index, ok, outcome = results.get(timeout=1)
+            except Empty:
+                if gone:
+                    p = processes[gone[0]]
+                    raise NbaccelError(
+                        f"worker process {gone[0]} (pid {p.pid}) exited with code {p.exitcode} "
+                        "without a result"
+                    ) from None
+                continue
+            if not ok:
+                raise NbaccelError(f"worker process {index} failed:\n{outcome}")
+            done[index] = outcome
+    finally:
+        for process in processes:
+            if process.pid is None:  # never started
+                continue
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+        results.close()
+    return [done[i] for i in range(workers)]
