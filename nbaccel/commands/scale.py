@@ -2,7 +2,9 @@
 where each count's loop time goes, when the ranks timed it).
 
 TARGET names the function as ``path/to/file.py:train`` or ``package.module:train``; it runs
-through ``notebook_launcher`` once per count, exactly as ``measure_scaling`` does in a notebook.
+through ``notebook_launcher`` ``--repeats`` times per count, in turn, at ``--threads`` torch
+threads per worker, exactly as ``measure_scaling`` does in a notebook. A row the machine spoiled
+(another program busy, repeats that disagree, an efficiency above 1) is flagged under the table.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ def scale_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
     parser.add_argument(
         "--counts", type=_counts, help="process counts, e.g. 1,2 (default: 1,2 on CPU, 1..N GPUs)"
     )
+    parser.add_argument(
+        "--repeats", type=positive_int, default=3, help="launches per count, in turn (default 3)"
+    )
+    parser.add_argument(
+        "--threads", type=positive_int, help="torch threads per worker (default: cores / most)"
+    )
     parser.add_argument("--cpu", action="store_true", help="use the CPU even if there are GPUs")
     parser.add_argument("--mixed-precision", choices=MODES, help="default for Accelerator()")
     parser.add_argument("--save", metavar="PNG", help="save the scaling figure to this file")
@@ -42,6 +50,8 @@ def scale_command(args: argparse.Namespace) -> int:
     result = measure_scaling(
         function,
         counts=args.counts,
+        repeats=args.repeats,
+        threads=args.threads,
         cpu=args.cpu or None,
         mixed_precision=args.mixed_precision,
         live=False,

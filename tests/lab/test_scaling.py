@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import os
+import statistics
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
-from nbaccel.lab.scaling import Scaling, measure_scaling
+from nbaccel.env import usable_cores
+from nbaccel.lab.scaling import THRESHOLDS, Load, Scaling, measure_scaling
+from nbaccel.lab.scaling.flags import IMPOSSIBLE_CPU, IMPOSSIBLE_GPU
+from nbaccel.lab.scaling.load import Reading, ours_used, read
+from nbaccel.lab.scaling.measure import omp_threads
 from nbaccel.observe.channel import (
     BREAKDOWN,
     SAMPLES,
@@ -45,24 +53,47 @@ def train(steps=60):
         if step == steps:
             break
     accelerator.end_training()
+    return torch.get_num_threads()
 """
 
 
-def test_one_and_two_processes(tmp_path):
+def test_one_and_two_processes(tmp_path, monkeypatch):
+    """The one real measurement: its structure and invariants, never its timings."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     namespace: dict = {}
     exec(compile(TRAIN, str(tmp_path / "train.py"), "exec"), namespace)  # like a notebook cell
-    result = measure_scaling(namespace["train"], counts=(1, 2), cpu=True, live=False)
+    before = threading.active_count()
+    result = measure_scaling(namespace["train"], counts=(1, 2), cpu=True, repeats=2, live=False)
+    assert "OMP_NUM_THREADS" not in os.environ  # as before the measurement
+    assert threading.active_count() == before  # every load meter stopped
     rows = result.rows()
     assert [r["processes"] for r in rows] == [1, 2]
+    assert [r["repeats"] for r in rows] == [2, 2]
+    # equal threads per worker at every count: the cores over the largest count
+    assert result.threads == max(usable_cores() // 2, 1) == rows[0]["threads"]
+    for n in (1, 2):
+        for run in result.repeats[n]:  # every repeat, every rank ran with those threads
+            assert sorted(run.results) == list(range(n))
+            assert set(run.results.values()) == {result.threads}
+        throughputs = rows[n - 1]["throughputs"]
+        assert throughputs == [run.timing().samples_per_s for run in result.repeats[n]]
+        assert (
+            rows[n - 1]["samples_per_s"] == statistics.median(throughputs) == result.throughput(n)
+        )
+        # the run shown is the lower of the two: one that happened
+        assert result.runs[n].timing().samples_per_s == min(throughputs)
+        assert len(result.other_cores[n]) == 2 and all(c >= 0 for c in result.other_cores[n])
     assert all(r["samples_per_s"] > 0 for r in rows)
     assert rows[0]["efficiency"] == pytest.approx(1.0)
     assert rows[1]["efficiency"] == pytest.approx(
         rows[1]["samples_per_s"] / (2 * rows[0]["samples_per_s"])
     )
-    for r in rows:  # one measurement: the clock splits into parts, throughput is its ratio
+    for r in rows:  # the median run: the clock splits into parts
         assert r["startup_s"] > 0 and r["training_s"] > 0 and r["finish_s"] >= 0
         assert r["startup_s"] + r["training_s"] + r["finish_s"] == pytest.approx(r["seconds"])
-        assert r["samples_per_s"] == pytest.approx(r["samples"] / r["training_s"])
+        # the invariant: no efficiency above the threshold goes unflagged
+        assert r["efficiency"] <= THRESHOLDS["efficiency"] or r["flags"]
+        assert isinstance(r["flags"], list) and r["spread"] >= 0
     # every sample of the 61 steps of 32 is counted, on each rank: 32 x 61 per process
     assert [r["samples"] for r in rows] == [32 * 61, 2 * 32 * 61]
     assert result.runs[2].world_size == 2 and len(result.runs[2].series("loss")) == 2
@@ -70,14 +101,30 @@ def test_one_and_two_processes(tmp_path):
         assert sum(r[f"{p}_share"] for p in BREAKDOWN) == pytest.approx(1.0)
     assert rows[1]["communication_share"] > 0  # two ranks wait for each other's gradients
     assert len(result.breakdown(2)) == 2
+    assert result.trusted == (result.flags() == [])
     assert len(result.figure().axes) == 4  # throughput, efficiency, the shares, loss
     assert result.table().splitlines()[2].startswith("| 1 | ")
+    assert f"{result.threads} torch thread(s) per worker" in result.table()
     assert result._repr_png_()[:4] == b"\x89PNG"
 
 
 def test_counts_must_be_positive_ints():
     with pytest.raises(ValueError, match=r"counts=\[0, 2\] must be positive ints"):
         measure_scaling(print, counts=[0, 2])
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"repeats": 0}, r"repeats=0 must be a positive int, e\.g\. repeats=3"),
+        ({"repeats": True}, r"repeats=True must be a positive int"),
+        ({"threads": 0}, r"threads=0 must be a positive int or None"),
+        ({"threads": 1.5}, r"threads=1\.5 must be a positive int or None"),
+    ],
+)
+def test_repeats_and_threads_must_be_positive_ints(option, message):
+    with pytest.raises(ValueError, match=message):
+        measure_scaling(print, counts=(1, 2), **option)
 
 
 def test_the_cli_prints_the_table_and_saves_the_figure(tmp_path):
@@ -94,6 +141,8 @@ def test_the_cli_prints_the_table_and_saves_the_figure(tmp_path):
             "--counts",
             "1,2",
             "--cpu",
+            "--repeats",
+            "1",
             "--save",
             str(tmp_path / "scaling.png"),
         ],
@@ -105,6 +154,7 @@ def test_the_cli_prints_the_table_and_saves_the_figure(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| processes | samples | start-up s | training s | finish s | wall s |" in out.stdout
+    assert "| median samples/s | spread % | repeats | efficiency |" in out.stdout
     assert "| data % | compute % | comm % | other % |" in out.stdout
     assert "The % columns: shares of each rank's training loop" in out.stdout
     assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
@@ -134,7 +184,8 @@ def test_default_counts_fit_the_gpus(monkeypatch, gpus, expected):
         "notebook_launcher",
         lambda *a, num_processes, **k: launched.append(num_processes),
     )
-    assert list(measure_scaling(print).runs) == expected == launched
+    assert list(measure_scaling(print).runs) == expected
+    assert launched == expected * 3  # three repeats, in turn
 
 
 def test_a_notebook_shows_the_table_and_the_figure(monkeypatch):
@@ -207,7 +258,7 @@ def test_the_figure_draws_the_tables_numbers():
     run.add([Record(0, s, 1.0 + s / 2, "loss", 1.0 / (s + 1)) for s in range(3)])
     fig = figure(Scaling(runs={1: run}))
     speed, efficiency, loss = fig.axes
-    assert [line.get_label() for line in speed.lines] == ["measured", "ideal"]
+    assert [line.get_label() for line in speed.lines] == ["repeats", "measured (median)", "ideal"]
     assert [line.get_label() for line in loss.lines] == ["1 proc"]
     assert efficiency.lines[0].get_ydata()[0] == pytest.approx(1.0)
     assert len(Scaling(runs={1: run}).figure().axes) == 3
@@ -238,7 +289,7 @@ def test_the_rows_and_the_table_carry_where_the_loop_goes():
     one, two = scaling.rows()
     assert [one[f"{p}_share"] for p in BREAKDOWN] == [1 / 16, 14 / 16, 0.0, 1 / 16]
     assert [two[f"{p}_share"] for p in BREAKDOWN] == [2 / 16, 10 / 16, 3 / 16, 1 / 16]  # means
-    header, _, first, second = scaling.table().splitlines()
+    header, _, first, second = scaling.table().splitlines()[:4]
     assert header.endswith("| efficiency | data % | compute % | comm % | other % |")
     assert first.endswith("| 6 | 88 | 0 | 6 |") and second.endswith("| 12 | 62 | 19 | 6 |")
 
@@ -270,3 +321,313 @@ def test_the_figure_stacks_the_shares_per_process_count():
         bottoms = [c.patches[count].get_y() for c in shares.containers]
         tops = [c.patches[count].get_y() + c.patches[count].get_height() for c in shares.containers]
         assert bottoms == [0.0, *tops[:-1]] and tops[-1] == pytest.approx(100.0)
+
+
+# -- repeats, medians and flags, on runs made up for the test ------------------------------------
+def steady(n: int, speed: float, comm: float | None = None, device: str = "CPU") -> Run:
+    """A run of ``n`` ranks that trained ``speed`` samples/s in all over a training window of
+    8 s; with ``comm``, each rank's 8 s loop timed: ``comm`` s communicating, the rest
+    computing (so its work per sample is (8 - comm) / its samples)."""
+    run = Run(world_size=n, started=0.0, finished=10.0, device=device)
+    for rank in range(n):
+        run.add(counters(rank, [(1.0, 32.0), (9.0, speed * 8.0 / n)]))
+        if comm is not None:
+            run.add([Record(rank, 1, 9.0, TIME_LOOP, 8.0)])
+            run.add([Record(rank, 1, 9.0, TIME_COMPUTE, 8.0 - comm)])
+            run.add([Record(rank, 1, 9.0, TIME_COMMUNICATION, comm)])
+    return run
+
+
+def measured(speeds: dict[int, list[float]], other=None, comm=None, **kw) -> Scaling:
+    """A Scaling of steady runs: ``speeds[n]`` the repeats' samples/s at ``n`` processes,
+    ``comm[n]`` their seconds communicating (None: not timed)."""
+    comm = comm or {}
+    repeats = {n: [steady(n, s, comm.get(n), **kw) for s in values] for n, values in speeds.items()}
+    return Scaling(repeats=repeats, other_cores=other or {}, threads=1)
+
+
+def test_the_median_and_the_spread():
+    scaling = measured({1: [100.0, 300.0, 200.0], 2: [200.0, 400.0, 300.0, 100.0]})
+    assert scaling.throughputs(1) == [100.0, 300.0, 200.0]  # in launch order
+    assert scaling.throughput(1) == 200.0 and scaling.spread(1) == (300 - 100) / 200
+    assert scaling.runs[1] is scaling.repeats[1][2]  # the median run: its throughput is 200
+    # an even number: the median is the mean of the middle two, the run shown the lower one
+    assert scaling.throughput(2) == 250.0 and scaling.spread(2) == (400 - 100) / 250
+    assert scaling.runs[2] is scaling.repeats[2][0] and scaling.timing(2).samples_per_s == 200.0
+    one, two = scaling.rows()
+    assert (one["samples_per_s"], two["samples_per_s"]) == (200.0, 250.0)
+    assert two["efficiency"] == 250.0 / (2 * 200.0) and two["repeats"] == 4
+    assert two["throughputs"] == [200.0, 400.0, 300.0, 100.0] and two["threads"] == 1
+    single = Scaling(runs={1: steady(1, 100.0)})  # built from runs: one repeat each
+    assert single.repeats[1] == [single.runs[1]] and math.isnan(single.spread(1))
+    assert single.rows()[0]["flags"] == [] and math.isnan(single.rows()[0]["other_cores"])
+
+
+def test_a_clean_measurement_has_no_flags():
+    scaling = measured(
+        {1: [100.0, 104.0, 98.0], 2: [180.0, 185.0, 178.0]},
+        other={1: [0.05, 0.0, 0.1], 2: [0.1, 0.02, 0.2]},
+        comm={1: 0.0, 2: 1.0},
+    )
+    assert [r["flags"] for r in scaling.rows()] == [[], []]
+    assert scaling.flags() == [] and scaling.trusted
+    table = scaling.table()
+    assert "(!" not in table and "\n1. " not in table  # no mark, no note
+    assert table.splitlines()[-1].startswith("samples/s: the median of each count's repeats")
+    assert "1 torch thread(s) per worker at every count" in table
+    assert "efficiency above 1.05" in table  # the thresholds it was judged by
+
+
+def test_an_efficiency_above_1_is_always_flagged():
+    scaling = measured({1: [100.0], 2: [300.0]})  # 1.5: nothing else wrong
+    assert scaling.rows()[1]["efficiency"] == 1.5
+    assert scaling.flags(1) == []
+    assert scaling.flags(2) == [f"above 1: efficiency 1.50 (threshold 1.05); {IMPOSSIBLE_CPU}"]
+    assert scaling.flags() == [f"2 processes: {scaling.flags(2)[0]}"] and not scaling.trusted
+    lines = scaling.table().splitlines()
+    assert lines[3].endswith("| 1.50 (!1) |") and lines[2].endswith("| 1.00 |")
+    assert lines[5] == f"1. 2 processes, not a result: {scaling.flags(2)[0]}"
+    gpus = measured({1: [100.0], 2: [300.0]}, device="GPU")
+    assert gpus.flags(2)[0].endswith(IMPOSSIBLE_GPU)
+    # with a cause found, the flag names it instead
+    busy = measured({1: [100.0], 2: [300.0]}, other={1: [0.0], 2: [0.9]})
+    assert busy.flags(2)[1] == "above 1: efficiency 1.50 (threshold 1.05); explained by busy"
+
+
+@pytest.mark.parametrize("second", [190.0, 205.0, 209.0, 211.0, 250.0, 400.0, 1000.0])
+def test_no_row_shows_an_efficiency_above_the_threshold_unflagged(second):
+    scaling = measured({1: [100.0], 2: [second]})
+    for row in scaling.rows():
+        assert row["efficiency"] <= THRESHOLDS["efficiency"] or row["flags"]
+    assert bool(scaling.flags(2)) == (second / 200 > THRESHOLDS["efficiency"])
+
+
+def test_a_wide_spread_is_flagged():
+    wide = measured({1: [100.0, 130.0, 100.0], 2: [190.0, 190.0, 190.0]})
+    assert wide.flags(1) == [
+        "wide spread: the 3 repeats' samples/s differ by 30% of their median (threshold 20%)"
+    ]
+    assert wide.flags(2) == ["spoiled baseline: the 1-process row is flagged (wide spread)"]
+    lines = wide.table().splitlines()
+    assert lines[2].endswith("| 30 | 3 | 1.00 (!1) |") and lines[3].endswith("| 0.95 (!2) |")
+    narrow = measured({1: [100.0, 110.0, 100.0], 2: [190.0, 190.0, 190.0]})
+    assert narrow.flags() == []
+
+
+def test_a_busy_machine_is_flagged():
+    # most launches disturbed: the median of the other processes' cores
+    scaling = measured({1: [100.0] * 3, 2: [180.0] * 3}, other={1: [0.1] * 3, 2: [0.3, 0.6, 0.7]})
+    assert scaling.flags(2) == [
+        "busy: other processes kept 0.60 cores busy (median of 3 launches; threshold 0.25)"
+    ]
+    # one launch disturbed, the one the row shows (the median run: 100 samples/s)
+    shown = measured({1: [90.0, 100.0, 110.0], 2: [180.0] * 3}, other={1: [0.0, 0.9, 0.0]})
+    assert shown.flags(1)[0] == (
+        "busy: other processes kept 0.90 cores busy (in the run shown; threshold 0.25)"
+    )
+    # one launch disturbed, not the one shown: the median survives it
+    other = measured({1: [90.0, 100.0, 110.0], 2: [180.0] * 3}, other={1: [0.9, 0.0, 0.0]})
+    assert other.flags() == []
+
+
+def test_a_slow_baseline_is_flagged():
+    # at 1: 800 samples on 8 s of work, 0.01 s a sample; at 2: 600 a rank, (8 - comm) s of work
+    slow = measured({1: [100.0], 2: [150.0]}, comm={1: 0.0, 2: 8.0 - 600 * 0.01 / 1.3})
+    assert slow.flags(1) == []
+    assert slow.flags(2) == [
+        "slow baseline: the 1-process run took 1.30 x the time per sample of a worker at 2 "
+        "processes for the same work (data, compute, other; threshold 1.15)"
+    ]
+    fine = measured({1: [100.0], 2: [150.0]}, comm={1: 0.0, 2: 8.0 - 600 * 0.01 / 1.1})
+    assert fine.flags() == []
+    untimed = measured({1: [100.0], 2: [150.0]})  # no breakdown: nothing to compare
+    assert untimed.flags() == []
+
+
+def test_the_result_keeps_the_thresholds_it_used():
+    import dataclasses
+
+    scaling = measured({1: [100.0, 125.0, 100.0], 2: [190.0] * 3})
+    assert scaling.thresholds == dict(THRESHOLDS) and scaling.thresholds is not THRESHOLDS
+    assert scaling.flags(1)  # 25 % > 20 %
+    looser = dataclasses.replace(scaling, thresholds={**THRESHOLDS, "spread": 0.3})
+    assert looser.flags() == [] and "spread above 30%" in looser.table()
+    with pytest.raises(TypeError):
+        THRESHOLDS["spread"] = 1.0  # type: ignore[index]
+
+
+def test_a_scaling_refuses_parts_that_do_not_fit():
+    a, b = steady(1, 100.0), steady(1, 200.0)
+    with pytest.raises(ValueError, match=r"repeats\[1\] is empty: every process count needs"):
+        Scaling(repeats={1: []})
+    with pytest.raises(ValueError, match=r"runs\[1\] is not one of repeats\[1\]"):
+        Scaling(runs={1: a}, repeats={1: [b]})
+    with pytest.raises(ValueError, match=r"other_cores\[1\] has 1 values for 2 repeats"):
+        Scaling(repeats={1: [a, b]}, other_cores={1: [0.0]})
+
+
+def test_the_figure_never_draws_a_spoiled_point_as_measured():
+    from nbaccel.lab.scaling import figure
+
+    fig = figure(measured({1: [100.0, 100.0], 2: [290.0, 310.0]}))  # 1.5: flagged
+    speed, efficiency, _ = fig.axes
+    lines = {line.get_label(): line for line in speed.lines}
+    assert list(lines) == ["repeats", "measured (median)", "spoiled", "ideal"]
+    assert list(lines["repeats"].get_xdata()) == [1, 1, 2, 2]
+    assert list(lines["repeats"].get_ydata()) == [100.0, 100.0, 290.0, 310.0]
+    assert list(lines["measured (median)"].get_xdata()) == [1]  # only the trusted count
+    assert list(lines["spoiled"].get_ydata()) == [300.0]
+    assert lines["spoiled"].get_markerfacecolor() == "none"
+    eff = {line.get_label(): line for line in efficiency.lines}
+    assert max(eff["measured"].get_ydata()) <= THRESHOLDS["efficiency"]
+    assert list(eff["spoiled"].get_ydata()) == [1.5]
+    assert [t.get_text() for t in efficiency.texts] == ["spoiled: above 1"]
+
+
+# -- how measure_scaling launches ----------------------------------------------------------------
+def fake_launcher(launched: list, fail_at: int | None = None):
+    """A notebook_launcher that records each call and OMP_NUM_THREADS, and fills the Run."""
+
+    def launch(function, args, kwargs, *, num_processes, run, **options):
+        launched.append((num_processes, os.environ.get("OMP_NUM_THREADS")))
+        if len(launched) == fail_at:
+            raise RuntimeError("the launch failed")
+        run.world_size = num_processes
+        run.add(counters(0, [(run.started + 1.0, 32.0), (run.started + 2.0, 132.0)]))
+
+    return launch
+
+
+def load_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "nbaccel-load"]
+
+
+@pytest.mark.parametrize("user", [None, "3"])
+def test_launches_go_in_turn_at_equal_threads_and_the_environment_comes_back(monkeypatch, user):
+    import nbaccel.launch.launcher
+
+    if user is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", user)
+    launched: list = []
+    monkeypatch.setattr(nbaccel.launch.launcher, "notebook_launcher", fake_launcher(launched))
+    result = measure_scaling(print, counts=(1, 2), repeats=3, cpu=True)
+    threads = user or str(max(usable_cores() // 2, 1))  # the user's, else cores / 2
+    assert launched == [(1, threads), (2, threads)] * 3
+    assert result.threads == int(threads)
+    assert os.environ.get("OMP_NUM_THREADS") == user  # exactly as before
+    assert [len(result.repeats[n]) for n in (1, 2)] == [3, 3]
+    assert [len(result.other_cores[n]) for n in (1, 2)] == [3, 3]
+    assert not load_threads()
+    launched.clear()
+    measure_scaling(print, counts=(2, 1), repeats=2, threads=7)  # the given order and threads
+    assert launched == [(2, "7"), (1, "7")] * 2
+
+
+@pytest.mark.parametrize("user", [None, "3"])
+def test_a_failed_launch_leaves_the_environment_and_no_thread(monkeypatch, user):
+    import nbaccel.launch.launcher
+
+    if user is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", user)
+    launched: list = []
+    monkeypatch.setattr(
+        nbaccel.launch.launcher, "notebook_launcher", fake_launcher(launched, fail_at=3)
+    )
+    with pytest.raises(RuntimeError, match="the launch failed"):
+        measure_scaling(print, counts=(1, 2), threads=5)
+    assert [n for n, _ in launched] == [1, 2, 1] and launched[-1][1] == "5"
+    assert os.environ.get("OMP_NUM_THREADS") == user
+    assert not load_threads()
+
+
+def test_omp_threads_puts_back_a_value_or_its_absence(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    with omp_threads(1):
+        assert os.environ["OMP_NUM_THREADS"] == "1"
+    assert os.environ["OMP_NUM_THREADS"] == "4"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    with pytest.raises(KeyError), omp_threads(2):
+        assert os.environ["OMP_NUM_THREADS"] == "2"
+        raise KeyError("inside")
+    assert "OMP_NUM_THREADS" not in os.environ
+
+
+# -- the load meter ------------------------------------------------------------------------------
+def test_ours_counts_each_process_once_across_exits():
+    # this process (1) and a worker (2); 1 s later the worker has ended, reaped by 1, whose
+    # children's seconds grew by the worker's whole total: 5 s seen + 1 s since
+    before = Reading(0.0, 100.0, {1: (0, 10.0), 2: (1, 5.0)})
+    after = Reading(1.0, 102.0, {1: (0, 10.5 + 6.0)})
+    assert ours_used(before, after) == 0.5 + 1.0  # not 6.5: its 5 s counted once
+    # a process born and reaped between two readings: only the parent's jump shows it
+    assert ours_used(Reading(0, 0, {1: (0, 1.0)}), Reading(1, 0, {1: (0, 1.7)})) == 0.7
+    # born since the last reading and still running: all of its seconds are new
+    assert ours_used(Reading(0, 0, {1: (0, 1.0)}), Reading(1, 0, {1: (0, 1.0), 3: (1, 0.4)})) == 0.4
+    # an orphan left the tree alive (adopted by init, pid 0 here) and then ended: its last
+    # count is kept, since no process of ours reaped it
+    adopted = Reading(1, 0, {1: (0, 1.0), 4: (0, 3.0)})
+    assert ours_used(adopted, Reading(2, 0, {1: (0, 1.0)})) == 0.0
+
+
+def test_the_load_meter_takes_the_others_from_injected_readings():
+    readings = iter(
+        [
+            Reading(0.0, 100.0, {1: (0, 10.0)}),
+            Reading(1.0, 101.5, {1: (0, 10.5), 2: (1, 0.5)}),  # 1.5 busy, 1.0 ours
+            Reading(2.0, 103.5, {1: (0, 11.0 + 0.9)}),  # 2.0 busy, 0.5 + 0.4 ours
+        ]
+    )
+    seen = []
+
+    def fake(previous):
+        seen.append(previous)
+        return next(readings)
+
+    load = Load(interval=3600, read=fake)  # the thread never reads; we step by hand
+    load.start()
+    assert load._thread is not None and load._thread.is_alive()
+    load._step()
+    assert load.stop() == pytest.approx(((1.5 - 1.0) + (2.0 - 0.9)) / 2.0)
+    assert load._thread is None and not load_threads()
+    assert seen[0] is None and seen[1].time == 0.0 and seen[2].time == 1.0  # follows its pids
+    again = Load(interval=3600, read=lambda previous: Reading(0.0, 0.0, {}))
+    assert again.other_cores == 0.0  # before it has measured anything
+    with pytest.raises(RuntimeError, match="already measuring"):
+        again.start().start()
+    again.stop()
+    assert not load_threads()
+
+
+def test_the_load_meter_stops_its_thread_when_the_block_raises():
+    def same(previous):
+        return Reading(time.monotonic(), 0.0, {})
+
+    with pytest.raises(ValueError, match="inside"), Load(interval=0.01, read=same):
+        assert load_threads()
+        raise ValueError("inside")
+    assert not load_threads()
+
+
+def test_a_busy_child_is_ours_and_its_exit_takes_nothing_back():
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        first = read()
+        assert child.pid in first.ours and first.ours[child.pid][0] == os.getpid()
+        spent = 0.0
+        deadline = time.monotonic() + 60
+        while spent < 0.3 and time.monotonic() < deadline:  # wait for CPU seconds, not time
+            time.sleep(0.05)
+            second = read(first)
+            spent = second.ours[child.pid][1] - first.ours[child.pid][1]
+        assert spent >= 0.3, "the child got no CPU in 60 s"
+        assert ours_used(first, second) >= spent  # all of the child's seconds are ours
+    finally:
+        child.kill()
+        child.wait()  # reaped: its seconds move into ours
+    third = read(second)
+    assert child.pid not in third.ours
+    assert ours_used(second, third) >= -0.02  # its whole total came back with the reaping
