@@ -631,3 +631,17 @@ def test_a_busy_child_is_ours_and_its_exit_takes_nothing_back():
     third = read(second)
     assert child.pid not in third.ours
     assert ours_used(second, third) >= -0.02  # its whole total came back with the reaping
+
+
+def test_the_docstrings_state_the_thresholds_in_use():
+    import nbaccel.lab.scaling
+
+    stated = [
+        f"{THRESHOLDS['other_cores']:.2f} cores",
+        f"{100 * THRESHOLDS['spread']:.0f} %",
+        f"{1 + THRESHOLDS['baseline_slow']:.2f} x",
+        f"efficiency exceeds {THRESHOLDS['efficiency']:.2f}",
+    ]
+    for doc in (nbaccel.lab.scaling.__doc__, measure_scaling.__doc__):
+        text = " ".join(doc.split())
+        assert [s for s in stated if s not in text] == []

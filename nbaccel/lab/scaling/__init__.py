@@ -37,15 +37,20 @@ and its descendants: ``other_cores``, the mean cores other programs took. A row 
 
 * *busy*: other processes kept more than 0.25 cores busy, in the median of the count's launches
   (most of them were disturbed; the median throughput survives one disturbed launch) or in the
-  median run itself (the one the row shows);
-* *wide spread*: its spread exceeds 20 %;
-* *spoiled baseline*: the smallest count's row, which every efficiency divides by, is flagged;
+  median run itself (the one the row shows). Why 0.25: an idle machine measures a few
+  hundredths; a quarter of a core taken from workers that fill the cores moves a 2-process
+  efficiency by more than 10 %.
+* *wide spread*: its spread exceeds 20 %. Repeats on a quiet machine agree within a few
+  percent; a fifth of the median means the machine changed under them.
+* *spoiled baseline*: the smallest count's row, which every efficiency divides by, is flagged.
 * *slow baseline*: the smallest count's time per sample on data, compute and other (all but
-  communication) exceeds 1.15 x that of a worker at this count: at equal threads a worker
-  cannot be faster with company than alone, so the lone one was slowed down (only when the
-  ranks timed their loops, ``Run.breakdown``);
-* *above 1*: efficiency above 1.05 is flagged always, with its cause: the other flags, or,
-  without one, that it is impossible beyond noise (on a CPU: rerun on an idle machine).
+  communication) exceeds 1.15 x that of a worker at this count (only when the ranks timed their
+  loops, ``Run.breakdown``). At equal threads a worker does the same work per sample at every
+  count and is no faster with company than alone; 15 % is beyond the jitter of per-sample times
+  taken from seconds of loop, so the lone worker was slowed down.
+* *above 1*: a row whose efficiency exceeds 1.05 is flagged always, with its cause: the other
+  flags, or, without one, that it is impossible beyond noise (on a CPU: rerun on an idle
+  machine). 5 % is the noise allowed a ratio of two medians.
 
 So no row shows an efficiency above 1.05 without a flag. The table marks a flagged row's
 efficiency "(!k)" and lists its flags in note k under it; the figure draws it hollow and grey,

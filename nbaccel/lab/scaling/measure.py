@@ -36,11 +36,13 @@ def measure_scaling(
       (max - min) / median, says how far they agree.
     * During each launch a ``Load`` meter measures the cores other processes kept busy.
     * A row is flagged, its number shown but marked as not a result, when other processes kept
-      more than ``THRESHOLDS["other_cores"]`` cores busy (in the median of its launches, or in
-      the one it shows), its spread exceeds ``THRESHOLDS["spread"]``, its baseline is flagged
-      or was slower per sample than a worker at this count by more than
-      ``THRESHOLDS["baseline_slow"]``, and always when its efficiency exceeds
-      ``THRESHOLDS["efficiency"]`` (``flags.py`` says why these values).
+      more than 0.25 cores busy (``THRESHOLDS["other_cores"]``; in the median of its launches,
+      or in the one it shows), its spread exceeds 20 % (``"spread"``), its baseline is flagged
+      or took more than 1.15 x the time per sample of a worker at this count for the same work
+      (``"baseline_slow"``), and always when its efficiency exceeds 1.05 (``"efficiency"``),
+      which equal threads make impossible beyond noise. Why these values: an idle machine
+      measures a few hundredths of a core, and repeats on it agree within a few percent
+      (``flags.py`` gives each reason).
 
     Other keyword arguments go to ``notebook_launcher`` (``cpu``, ``mixed_precision``,
     ``live``, ...).
