@@ -347,13 +347,13 @@ class Accelerator(PartialState):
     @property
     def total_steps(self) -> int | None:
         """The batches the loop will take (e.g. ``epochs * len(loader)``): the progress line's
-        ETA. It counts optimizer steps: with accumulation over K batches, ``total_steps / K``."""
+        total and ETA, counted as its steps are (batches; ``/ K`` if only optimizer steps log)."""
         return self._total_steps
 
     @total_steps.setter
     def total_steps(self, value: int) -> None:
-        self._total_steps = value
-        self.recorder.total_steps = -(-value // self.gradient_accumulation_steps)
+        self.recorder.accumulation = self.gradient_accumulation_steps
+        self._total_steps = self.recorder.total_steps = value
 
     # -- models and files (the files' methods call saving.py) ------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True):

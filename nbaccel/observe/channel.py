@@ -46,9 +46,16 @@ BREAKDOWN = ("data", "compute", "communication", "other")
 #: second intervals, so one late record or one pause of the notebook moves it by a few percent,
 #: not by half (one interval's rate spiked to 2.4 times the median on a busy machine).
 RATE_WINDOW_S = 3.0
-#: No rate comes from less than this (two counter intervals): a run or a window this short
-#: shows its samples and seconds, not a rate.
-MIN_RATE_SPAN_S = 0.5
+#: No live rate comes from less than this (four counter intervals): until a rank has this much
+#: of records the line shows no rate, and the panel's curve starts here.
+MIN_RATE_SPAN_S = 1.0
+#: A run's throughput needs a training window of at least one counter interval: its two ends
+#: are the exact times of the first and last records, so the edges cost at most a batch, but a
+#: shorter window says more about one hiccup of the machine than about the run.
+MIN_WINDOW_S = 0.25
+#: The optimizer steps' accumulation (``Accelerator(gradient_accumulation_steps=K)``), recorded
+#: with the total steps so the line can count the total as it counts the steps.
+ACCUMULATION = "nbaccel/gradient_accumulation_steps"
 _PER_DATAGRAM = 40  # records; small enough for macOS's 2 KiB default datagram limit
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..env import CHANNEL_VAR, PANEL_VAR, DistEnv, device_label
-from .channel import MEMORY, SAMPLES, STEPS, TOTAL_STEPS, Channel, local_run
+from .channel import ACCUMULATION, MEMORY, SAMPLES, STEPS, TOTAL_STEPS, Channel, local_run
 from .records import Run
 
 if TYPE_CHECKING:
@@ -80,6 +80,7 @@ class Recorder:
         self._next_counters = 0.0
         self._last_counters: tuple[int, int] | None = None
         self._total_steps: int | None = None
+        self._accumulation = 1
         if total_steps is not None:
             self.total_steps = total_steps
 
@@ -91,6 +92,18 @@ class Recorder:
     def total_steps(self, value: int) -> None:
         self._total_steps = value
         self.channel.add(0, {TOTAL_STEPS: float(value)})
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per optimizer step (the Accelerator's ``gradient_accumulation_steps``):
+        recorded when above 1, so the line counts the total as it counts the steps."""
+        return self._accumulation
+
+    @accumulation.setter
+    def accumulation(self, value: int) -> None:
+        self._accumulation = value
+        if value > 1:
+            self.channel.add(0, {ACCUMULATION: float(value)})
 
     def log(
         self, values: Mapping[str, Any], step: int | None = None, samples: int | None = None

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from .channel import (
     BREAKDOWN,
     MIN_RATE_SPAN_S,
+    MIN_WINDOW_S,
     RATE_WINDOW_S,
     SAMPLES,
     TIME_COMMUNICATION,
@@ -194,9 +195,9 @@ class Run:
     def throughput(self) -> float | None:
         """The run's throughput: every rank's samples over the training window, in samples/s
         (``timing().throughput``), what the progress line shows once the run ended and what the
-        scaling table uses. None when the window is shorter than ``MIN_RATE_SPAN_S``."""
+        scaling table uses. None when the window is shorter than ``MIN_WINDOW_S``."""
         timing = self.timing()
-        return timing.throughput if timing.training >= MIN_RATE_SPAN_S else None
+        return timing.throughput if timing.training >= MIN_WINDOW_S else None
 
     def timing(self) -> Timing:
         """Split the clock at the first and last samples-counter record of any rank.

@@ -240,13 +240,13 @@ def test_the_live_rate_is_the_one_the_progress_line_shows():
 
     run = Run(world_size=2, started=0.0)
     run.add(counters(0, [(1.0, 32.0), (2.0, 132.0)]))
-    run.add(counters(1, [(1.0, 32.0), (1.5, 82.0)]))
+    run.add(counters(1, [(1.0, 32.0), (1.5, 82.0), (2.0, 132.0)]))
     scaling = Scaling(runs={2: run})
     assert run.samples_per_s() == scaling.live_rate(2) == pytest.approx(100.0 + 100.0)
     assert "200 samples/s (last 3 s)" in progress(run)  # one definition, read by both
     run.finished = 3.0  # once ended, the line shows the table's number: the training window
-    assert "214 samples/s (training window 1.0 s)" in progress(run)
-    assert scaling.throughput(2) == run.throughput() == pytest.approx(214.0)
+    assert "264 samples/s (training window 1.0 s)" in progress(run)
+    assert scaling.throughput(2) == run.throughput() == pytest.approx(264.0)
     assert scaling.timing(2) == run.timing()  # the window, defined with the records
 
 
@@ -641,7 +641,19 @@ def test_the_docstrings_state_the_thresholds_in_use():
         f"{100 * THRESHOLDS['spread']:.0f} %",
         f"{1 + THRESHOLDS['baseline_slow']:.2f} x",
         f"efficiency exceeds {THRESHOLDS['efficiency']:.2f}",
+        f"under {THRESHOLDS['training_s']:.2f} s",
     ]
     for doc in (nbaccel.lab.scaling.__doc__, measure_scaling.__doc__):
         text = " ".join(doc.split())
         assert [s for s in stated if s not in text] == []
+
+
+def test_a_training_window_too_short_to_time_is_flagged():
+    run = Run(world_size=1, started=0.0, finished=1.0)
+    run.add(counters(0, [(0.5, 32.0), (0.6, 640.0)]))  # 0.1 s of training
+    longer = Run(world_size=1, started=0.0, finished=2.0)
+    longer.add(counters(0, [(0.5, 32.0), (1.5, 640.0)]))
+    (row,) = Scaling(runs={1: run}).rows()
+    assert [f.split(":")[0] for f in row["flags"]] == ["too short"]
+    assert "0.10 s" in row["flags"][0] and f"{THRESHOLDS['training_s']:.2f} s" in row["flags"][0]
+    assert Scaling(runs={1: longer}).rows()[0]["flags"] == []

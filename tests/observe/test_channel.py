@@ -216,9 +216,22 @@ def test_a_plain_loop_in_launched_workers_reaches_the_notebook():
     assert progress(run).startswith(f"step 3 | 2 ranks on {DEVICE} |")
 
 
-def test_total_steps_counts_batches_and_the_line_counts_optimizer_steps():
+def test_total_steps_counts_batches_and_the_line_counts_as_its_steps():
+    from nbaccel.observe.channel import ACCUMULATION, Record
+
     accelerator = Accelerator(gradient_accumulation_steps=4, live=False)
     accelerator.total_steps = 10  # batches
     assert accelerator.total_steps == 10
-    assert accelerator.run.latest("nbaccel/total_steps") == {0: 3.0}  # optimizer steps
+    run = accelerator.run
+    assert run.latest("nbaccel/total_steps") == {0: 10.0} and run.latest(ACCUMULATION) == {0: 4}
     accelerator.end_training()
+    # a loop that logs every micro-batch: the line counts batches, of the 10
+    run.add([Record(0, i, 1.0 + i, "loss", 1.0) for i in range(8)])
+    run.add([Record(0, 2, 9.0, STEPS, 2.0)])
+    assert progress(run, total_steps=10).startswith("step 8/10 (micro-batches; 2 optimizer")
+    # a loop that logs only when it steps: the line counts optimizer steps, of ceil(10 / 4)
+    run.reset()
+    run.add([Record(0, 0, 0.0, ACCUMULATION, 4.0)])
+    run.add([Record(0, i, 1.0 + i, "loss", 1.0) for i in range(2)])
+    run.add([Record(0, 2, 3.0, STEPS, 2.0)])
+    assert progress(run, total_steps=10).startswith("step 2/3 |")

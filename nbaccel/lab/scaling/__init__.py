@@ -40,6 +40,7 @@ and its descendants: ``other_cores``, the mean cores other programs took. A row 
   median run itself (the one the row shows). Why 0.25: an idle machine measures a few
   hundredths; a quarter of a core taken from workers that fill the cores moves a 2-process
   efficiency by more than 10 %.
+* *too short*: the run it shows trained for under 0.25 s, too short a window to time.
 * *wide spread*: its spread exceeds 20 %. Repeats on a quiet machine agree within a few
   percent; a fifth of the median means the machine changed under them.
 * *spoiled baseline*: the smallest count's row, which every efficiency divides by, is flagged.

@@ -16,6 +16,9 @@ The thresholds, and why these values (``THRESHOLDS``; a ``Scaling`` keeps the on
   them is beyond the jitter of a per-sample time from seconds of loop, so it was slowed down.
 * ``efficiency`` 1.05: above 1 is impossible at equal threads per worker (the workers of a
   larger count do the same work per sample, and communicate too); 5 % is the noise allowed.
+* ``training_s`` 0.25: the progress line's least training window for a throughput
+  (``observe.channel.MIN_WINDOW_S``, one counter interval); a shorter run's number says more
+  about one hiccup of the machine than about the run.
 """
 
 from __future__ import annotations
@@ -25,8 +28,16 @@ import statistics
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
+from ...observe.channel import MIN_WINDOW_S
+
 THRESHOLDS: Mapping[str, float] = MappingProxyType(
-    {"other_cores": 0.25, "spread": 0.2, "baseline_slow": 0.15, "efficiency": 1.05}
+    {
+        "other_cores": 0.25,
+        "spread": 0.2,
+        "baseline_slow": 0.15,
+        "efficiency": 1.05,
+        "training_s": MIN_WINDOW_S,
+    }
 )
 
 IMPOSSIBLE_CPU = (
@@ -47,6 +58,16 @@ def spread(values: Sequence[float]) -> float:
         return math.nan
     middle = statistics.median(values)
     return (max(values) - min(values)) / middle if middle > 0 else math.nan
+
+
+def too_short(training_s: float, limit: float) -> str | None:
+    """The run the row shows trained for less than ``limit`` seconds."""
+    if training_s >= limit:
+        return None
+    return (
+        f"too short: a training window of {training_s:.2f} s (at least {limit:.2f} s); "
+        "train longer (more epochs or a larger SIZE)"
+    )
 
 
 def short(flag: str) -> str:

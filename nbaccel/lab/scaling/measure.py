@@ -37,7 +37,8 @@ def measure_scaling(
     * During each launch a ``Load`` meter measures the cores other processes kept busy.
     * A row is flagged, its number shown but marked as not a result, when other processes kept
       more than 0.25 cores busy (``THRESHOLDS["other_cores"]``; in the median of its launches,
-      or in the one it shows), its spread exceeds 20 % (``"spread"``), its baseline is flagged
+      or in the one it shows), it trained for under 0.25 s (``"training_s"``), its spread
+      exceeds 20 % (``"spread"``), its baseline is flagged
       or took more than 1.15 x the time per sample of a worker at this count for the same work
       (``"baseline_slow"``), and always when its efficiency exceeds 1.05 (``"efficiency"``),
       which equal threads make impossible beyond noise. Why these values: an idle machine

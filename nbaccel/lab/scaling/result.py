@@ -149,6 +149,7 @@ class Scaling:
         limits, first = self.thresholds, min(self.runs)
         shown = next(i for i, run in enumerate(self.repeats[n]) if run is self.runs[n])
         found = [
+            judge.too_short(self.timing(n).training, limits["training_s"]),
             judge.busy(self.other_cores.get(n, []), shown, limits["other_cores"]),
             judge.wide(self.throughputs(n), limits["spread"]),
         ]
@@ -221,7 +222,8 @@ class Scaling:
             f"Flagged, not a result: other processes above {limits['other_cores']:.2f} cores "
             f"busy, spread above {limits['spread']:.0%}, the baseline's time per sample above "
             f"{1 + limits['baseline_slow']:.2f} x a worker's at a larger count, efficiency "
-            f"above {limits['efficiency']:.2f}."
+            f"above {limits['efficiency']:.2f}, a training window under "
+            f"{limits['training_s']:.2f} s."
         )
 
     def figure(self):

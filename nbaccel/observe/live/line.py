@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ..channel import MEMORY, MIN_RATE_SPAN_S, RATE_WINDOW_S, SAMPLES, STEPS
+from ..channel import ACCUMULATION, MEMORY, MIN_WINDOW_S, RATE_WINDOW_S, SAMPLES, STEPS
 
 if TYPE_CHECKING:
     from ..records import Run
@@ -51,14 +51,19 @@ def progress(run: Run, total_steps: int | None = None, now: float | None = None)
 
     While the run goes, the rate is every rank's samples over its last ``RATE_WINDOW_S``
     seconds (``Run.live_samples_per_s``); once it ended, the run's throughput over its training
-    window (``Run.throughput``, the scaling table's number), said as such. Neither comes from a
-    span shorter than ``MIN_RATE_SPAN_S``. The step counts what the loss axis counts, and says
+    window (``Run.throughput``, the scaling table's number), said as such: neither from a span
+    too short (``MIN_RATE_SPAN_S``, ``MIN_WINDOW_S``). The total counts what the step counts:
+    the batches a loop will take, or, when the steps are optimizer steps under accumulation,
+    those batches over the accumulation. The step counts what the loss axis counts, and says
     what that is under accumulation. Reads only each rank's latest records, so it costs the
     same however long the run is. The clock of a run still going reads ``now`` (default: the
     wall clock, as the records do).
     """
     parts = []
     count, unit, optimizer = steps(run)
+    accumulation = run.latest(ACCUMULATION)
+    if total_steps and accumulation and unit == "optimizer steps":
+        total_steps = -(-total_steps // int(max(accumulation.values())))
     if count is not None:
         text = f"step {count}" + (f"/{total_steps}" if total_steps else "")
         if unit == "micro-batches":
@@ -112,7 +117,7 @@ def _ms_per_step(run: Run, optimizer: int | None) -> float | None:
     else the slowest rank's over the live window (it sets the pace of a synchronous step)."""
     if run.finished:
         training = run.timing().training
-        return 1000 * training / optimizer if optimizer and training >= MIN_RATE_SPAN_S else None
+        return 1000 * training / optimizer if optimizer and training >= MIN_WINDOW_S else None
     rates = [r for r in run.live_rate(STEPS).values() if r > 0]
     return 1000 / min(rates) if rates else None
 

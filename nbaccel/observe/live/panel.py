@@ -12,7 +12,7 @@ import bisect
 import io
 from typing import TYPE_CHECKING, Any
 
-from ..channel import MIN_RATE_SPAN_S, RATE_WINDOW_S, SAMPLES
+from ..channel import MIN_RATE_SPAN_S, MIN_WINDOW_S, RATE_WINDOW_S, SAMPLES
 from .bars import BreakdownBars
 from .line import loss_name, progress, steps
 
@@ -65,7 +65,7 @@ class Panel:
         self._empty = {
             ax: ax.text(
                 0.5,
-                0.5,
+                0.25,
                 "",
                 ha="center",
                 va="center",
@@ -93,7 +93,12 @@ class Panel:
             self._line(self.speed_ax, f"rank {rank}", _thin(times, values), lw=1, alpha=0.6)
         if len(rates) > 1:
             self._line(self.speed_ax, "total", _thin(*_total(rates)), **BOLD)
-        self._empty[self.speed_ax].set_text("" if rates else _no_rate(run))
+        window = None if rates or not run.finished else run.throughput()
+        if window is not None:  # too short for a live curve: the run's own throughput instead
+            t = run.timing()
+            span = [t.startup, t.startup + t.training]
+            self._line(self.speed_ax, "training window", (span, [window, window]), **BOLD)
+        self._empty[self.speed_ax].set_text("" if rates else _no_rate(run, window))
         for ax in (self.loss_ax, self.speed_ax):
             ax.set_autoscale_on(True)  # set_ylim below turned it off: fit the new data
             ax.relim()
@@ -143,8 +148,9 @@ def _nothing_logged(run: Run) -> str:
     )
 
 
-def _no_rate(run: Run) -> str:
-    """Why the throughput axes is empty: no samples counted, or too short a span of them."""
+def _no_rate(run: Run, window: float | None) -> str:
+    """Why the throughput axes has no live curve: no samples counted, or too short a span of
+    them (then, once the run ended, the bold line is its training window's throughput)."""
     timing = run.timing()
     if not timing.samples:
         return (
@@ -152,9 +158,14 @@ def _no_rate(run: Run) -> str:
             "or log(..., samples=len(batch)) in your own loop"
         )
     samples = sum(timing.samples.values())
+    if window is not None:
+        return (
+            f"{samples:,.0f} samples in {timing.training:.2f} s, too short for a live rate\n"
+            f"(it needs {MIN_RATE_SPAN_S:g} s): the line is the run's throughput"
+        )
     return (
         f"{samples:,.0f} samples counted over {timing.training:.2f} s:\n"
-        f"a rate needs at least {MIN_RATE_SPAN_S} s of records"
+        f"a live rate needs {MIN_RATE_SPAN_S:g} s of records, a run's {MIN_WINDOW_S:g} s"
     )
 
 

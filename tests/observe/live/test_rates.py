@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from nbaccel.observe.channel import MIN_RATE_SPAN_S, RATE_WINDOW_S, SAMPLES, STEPS, Record
+from nbaccel.observe.channel import (
+    MIN_RATE_SPAN_S,
+    MIN_WINDOW_S,
+    RATE_WINDOW_S,
+    SAMPLES,
+    STEPS,
+    Record,
+)
 from nbaccel.observe.live.line import progress, steps, timing_line
 from nbaccel.observe.live.panel import Panel
 from nbaccel.observe.live.view import LiveView
@@ -63,16 +70,21 @@ def test_a_trained_run_never_shows_zero_samples_per_s():
 
 def test_no_rate_from_a_span_too_short():
     run = Run(world_size=2, started=0.0)
-    run.add([Record(0, 0, 1.0, SAMPLES, 32.0), Record(0, 1, 1.2, SAMPLES, 64.0)])
+    run.add([Record(0, 0, 1.0, SAMPLES, 32.0), Record(0, 1, 1.5, SAMPLES, 64.0)])
     run.add([Record(1, 0, 1.0, SAMPLES, 32.0), Record(1, 1, 1.0 + MIN_RATE_SPAN_S, SAMPLES, 96.0)])
-    assert run.live_rate() == {1: pytest.approx(64 / MIN_RATE_SPAN_S)}  # rank 0: 0.2 s only
+    assert run.live_rate() == {1: pytest.approx(64 / MIN_RATE_SPAN_S)}  # rank 0: 0.5 s only
     assert run.live_samples_per_s() is None  # not every rank has a rate: no partial sum
     assert "samples/s" not in progress(run)
-    # a run whose whole training window is shorter than the minimum
-    run2 = Run(world_size=1, started=0.0, finished=2.0)
-    run2.add([Record(0, 0, 1.0, SAMPLES, 32.0), Record(0, 1, 1.3, SAMPLES, 96.0)])
-    assert run2.throughput() is None
-    assert "96 samples in 0.30 s (too short for a rate)" in progress(run2)
+    # a run whose whole training window is shorter than a run's minimum
+    short = Run(world_size=1, started=0.0, finished=2.0)
+    short.add([Record(0, 0, 1.0, SAMPLES, 32.0), Record(0, 1, 1.2, SAMPLES, 96.0)])
+    assert short.throughput() is None and MIN_WINDOW_S > 0.2
+    assert "96 samples in 0.20 s (too short for a rate)" in progress(short)
+    # long enough for a run's throughput, too short for a live rate: the line shows the run's
+    done = Run(world_size=1, started=0.0, finished=2.0)
+    done.add([Record(0, 0, 1.0, SAMPLES, 32.0), Record(0, 1, 1.4, SAMPLES, 432.0)])
+    assert done.live_samples_per_s() is None and done.throughput() == pytest.approx(1080.0)
+    assert "1,080 samples/s (training window 0.4 s)" in progress(done)
 
 
 def test_the_rates_curve_ends_at_the_live_rate():
@@ -129,10 +141,17 @@ def test_an_empty_panel_says_why():
     assert any("no samples counted" in t for t in texts)
     run.add([Record(0, 0, 1.0, SAMPLES, 32.0), Record(0, 1, 1.1, SAMPLES, 64.0)])
     panel.update(run, now=2.0)
-    assert any("a rate needs at least" in t.get_text() for t in panel.speed_ax.texts)
+    assert any("a live rate needs 1 s of records" in t.get_text() for t in panel.speed_ax.texts)
+    run.finished = 2.0  # ended: too short for a curve, long enough for the run's throughput
+    run.add([Record(0, 2, 1.3, SAMPLES, 96.0)])
+    panel.update(run)
+    assert any("the line is the run's throughput" in t.get_text() for t in panel.speed_ax.texts)
+    (window,) = [line for line in panel.speed_ax.lines if line.get_label() == "training window"]
+    assert list(window.get_ydata()) == [pytest.approx(96 / 0.3)] * 2
+    run.finished = None
     assert all(t.get_text() == "" for t in panel.loss_ax.texts)  # the loss has its curve
-    run.add([Record(0, 2, 2.0, SAMPLES, 1000.0)])
-    panel.update(run, now=2.0)
+    run.add([Record(0, 3, 2.5, SAMPLES, 1000.0)])
+    panel.update(run, now=2.5)
     assert all(t.get_text() == "" for t in panel.speed_ax.texts)  # now it has a curve
     empty = Panel()
     empty.update(paced(), now=8.0)  # samples but no logged metric
