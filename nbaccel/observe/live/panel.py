@@ -99,6 +99,8 @@ class Panel:
             span = [t.startup, t.startup + t.training]
             self._line(self.speed_ax, "training window", (span, [window, window]), **BOLD)
         self._empty[self.speed_ax].set_text("" if rates else _no_rate(run, window))
+        drawn = bool(rates) or window is not None  # no ticks on an axes with nothing drawn
+        self.speed_ax.tick_params(labelleft=drawn, labelbottom=drawn, left=drawn, bottom=drawn)
         for ax in (self.loss_ax, self.speed_ax):
             ax.set_autoscale_on(True)  # set_ylim below turned it off: fit the new data
             ax.relim()
