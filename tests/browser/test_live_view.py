@@ -313,10 +313,11 @@ def test_the_live_panel_moves_in_the_browser(server, browser, front_end, path):
 
 
 WHATIF = "whatif.ipynb"
-# Lesson 5's inputs, stood in for: its what-if cell needs section 3's and 5's measurements
+# Lesson 5's inputs, stood in for: its what-if cell needs section 3's, 5's and 7's results
 WHATIF_INPUTS = """from nbaccel import projection
 compute, grad_bytes, BATCH, measured = 0.0032, 340_000, 32, {1: 10_000.0, 2: 15_000.0}
-here = projection.Interconnect("this machine (test)", 1e9, 200e-6, overlaps=False)"""
+here = projection.Interconnect("this machine (test)", 1e9, 200e-6, overlaps=False)
+check = projection.check(compute, grad_bytes, BATCH, here, measured)"""
 
 
 def whatif_notebook() -> dict:
