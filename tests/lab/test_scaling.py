@@ -498,6 +498,14 @@ def fake_launcher(launched: list, fail_at: int | None = None):
     return launch
 
 
+def user_threads(monkeypatch, user: str | None) -> None:
+    """The user's ``OMP_NUM_THREADS``: unset (None) or ``user``."""
+    if user is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", user)
+
+
 def load_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "nbaccel-load"]
 
@@ -506,10 +514,7 @@ def load_threads() -> list[threading.Thread]:
 def test_launches_go_in_turn_at_equal_threads_and_the_environment_comes_back(monkeypatch, user):
     import nbaccel.launch.launcher
 
-    if user is None:
-        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    else:
-        monkeypatch.setenv("OMP_NUM_THREADS", user)
+    user_threads(monkeypatch, user)
     launched: list = []
     monkeypatch.setattr(nbaccel.launch.launcher, "notebook_launcher", fake_launcher(launched))
     result = measure_scaling(print, counts=(1, 2), repeats=3, cpu=True)
@@ -529,10 +534,7 @@ def test_launches_go_in_turn_at_equal_threads_and_the_environment_comes_back(mon
 def test_a_failed_launch_leaves_the_environment_and_no_thread(monkeypatch, user):
     import nbaccel.launch.launcher
 
-    if user is None:
-        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    else:
-        monkeypatch.setenv("OMP_NUM_THREADS", user)
+    user_threads(monkeypatch, user)
     launched: list = []
     monkeypatch.setattr(
         nbaccel.launch.launcher, "notebook_launcher", fake_launcher(launched, fail_at=3)
