@@ -105,6 +105,9 @@ class Run:
         # so the live view's five-times-a-second progress line costs the same at any length.
         self._index: dict[tuple[str, int], list[Record]] = {}
         self._indexed = 0
+        # (name, window, rank) -> (records done, their times, their windowed rates): a point
+        # depends only on records at or before it, so each is computed once (``rates``)
+        self._rates: dict[tuple[str, float, int], tuple[int, list[float], list[float]]] = {}
 
     def reset(self) -> None:
         """Forget what was recorded (a restarted launch records from step 0 again); keep what
@@ -154,9 +157,13 @@ class Run:
         panel's curves; their last points are ``live_rate``."""
         out = {}
         for rank, rs in self._by_rank(name).items():
-            pairs = [(b.time - self.started, rate) for b, rate in _windowed(rs, window)]
-            if pairs:
-                out[rank] = ([t for t, _ in pairs], [v for _, v in pairs])
+            done, times, values = self._rates.get((name, window, rank), (0, [], []))
+            for b, rate in _windowed(rs[done:], window, rs):  # only the records new since
+                times.append(b.time)
+                values.append(rate)
+            self._rates[name, window, rank] = (len(rs), times, values)
+            if times:
+                out[rank] = ([t - self.started for t in times], list(values))
         return out
 
     def latest(self, name: str) -> dict[int, float]:

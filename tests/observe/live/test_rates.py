@@ -197,3 +197,14 @@ def test_a_recorder_that_counted_nothing_records_no_counters(monkeypatch):
 def test_timing_names():
     t = Timing(1.0, 2.0, 0.5, 3.5, {0: 100.0, 1: 100.0})
     assert t.throughput == t.samples_per_s == 100.0
+
+
+def test_the_curves_computed_as_records_arrive_equal_those_computed_at_once():
+    whole = paced(seconds=8.0)
+    growing = Run(world_size=whole.world_size, started=whole.started)
+    for i in range(0, len(whole.records), 7):  # as the channel delivers them: in batches
+        growing.add(whole.records[i : i + 7])
+        growing.rates()  # each call computes only the points new since the last
+    assert growing.rates() == whole.rates()
+    fresh = Run(world_size=whole.world_size, started=whole.started, records=whole.records)
+    assert fresh.rates(window=1.5) == growing.rates(window=1.5)  # each window its own points
