@@ -255,18 +255,21 @@ def check_mode(mode: object) -> str:
     return mode  # type: ignore[return-value]
 
 
-def check_seconds(name: str, value: object, example: str, none: str | None = None) -> float | None:
-    """A launch's length of time: a positive, finite number of seconds (``example`` is the
-    default), or ``None`` where ``none`` says what None means."""
+def check_seconds(
+    name: str, value: object, example: str, none: str | None = None, default: bool = True
+) -> float | None:
+    """A launch's length of time: a positive, finite number of seconds (``example``, the
+    default unless ``default=False``), or ``None`` where ``none`` says what None means."""
     if value is None and none is not None:
         return None
     also = f", or None to {none}" if none is not None else ""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name}={value!r} must be a number of seconds, e.g. {example}{also}")
     if not (value > 0 and math.isfinite(value)):
+        the_default = " (the default)" if default else ""
         raise ValueError(
-            f"{name}={value} must be a positive, finite number of seconds, e.g. {example} (the "
-            f"default){also}"
+            f"{name}={value} must be a positive, finite number of seconds, e.g. "
+            f"{example}{the_default}{also}"
         )
     return float(value)
 

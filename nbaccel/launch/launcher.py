@@ -56,11 +56,10 @@ from ..observe.channel import local_run
 from ..observe.hang import check_stall_warning
 from ..observe.live.view import LiveView
 from ..observe.records import Run
+from .arguments import check_call, check_notebook_launch, check_options
 from .protocol import pack_call
 from .rendezvous import loopback_interface, rendezvous
 from .supervisor import Launch, LaunchSpec
-
-START_METHODS = ("forkserver", "spawn")
 
 
 def notebook_launcher(
@@ -151,7 +150,12 @@ def notebook_launcher(
         LaunchError: a worker raised, died, or timed out; the message holds its traceback
             (with ``max_restarts``, the last attempt's, after a line per earlier attempt).
     """
-    _check_call(function, args)
+    check_call(function, args, kwargs)  # each argument checked before any worker starts
+    timeout = check_seconds(
+        "timeout", timeout, "600", none="wait as long as it takes", default=False
+    )
+    check_options(return_all=return_all, output=output, live=live, run=run)
+    check_options(cpu=cpu, fsdp=fsdp, deepspeed=deepspeed, master_addr=master_addr)
     stall_warning = check_stall_warning(stall_warning)
     config = LaunchConfig.from_arguments(
         num_processes=num_processes, mixed_precision=mixed_precision, cpu=cpu, fsdp=fsdp,
@@ -159,11 +163,11 @@ def notebook_launcher(
         master_addr=master_addr, master_port=master_port, max_restarts=max_restarts,
         defaults=load_config(),
     )  # fmt: skip
-    _check_notebook_launch(config, start_method, monitor_interval, rdzv_backend)
+    check_notebook_launch(config, start_method, monitor_interval, rdzv_backend)
     run = run if run is not None else Run()
     run.world_size = config.world_size
     run.device = device_label("cuda" if config.gpus else "cpu")  # what the workers pick
-    kwargs = kwargs or {}
+    kwargs = dict(kwargs or {})  # any mapping; a plain dict travels
     with _launch_slot():
         if config.world_size == 1 and start_method is None and not max_restarts:
             values = [_run_here(function, args, kwargs, config, run)]  # in this process
@@ -263,63 +267,6 @@ def _attempts_error(err: LaunchError, earlier: list[str], last, max_restarts: in
     lines = [f"{header}.", *(f"  attempt {i}: {c}" for i, c in enumerate(earlier, 1))]
     lines += ["", f"attempt {made}: {err}"]
     return LaunchError("\n".join(lines), err.failures, err.run)
-
-
-# -- preflight: what only a launch from this process checks -------------------------------------
-def _check_call(function: Any, args: Any) -> None:
-    if not callable(function):
-        raise TypeError(
-            f"notebook_launcher needs the function itself, but got a {type(function).__name__} "
-            "(did you call it?). Write notebook_launcher(train, args=(...)), "
-            "not notebook_launcher(train(...))."
-        )
-    if not isinstance(args, list | tuple):
-        raise TypeError(
-            f"args must be a tuple of arguments, got {type(args).__name__}: "
-            f"use args=({args!r},) for a single argument"
-        )
-
-
-def _check_notebook_launch(
-    config: LaunchConfig, start_method: Any, monitor_interval: Any, rdzv_backend: Any
-) -> None:
-    """torch elastic's knobs: honoured, or refused with the reason; never accepted and ignored.
-    (``LaunchConfig`` checked the options that ``nbaccel launch`` shares.)"""
-    max_restarts, num_nodes = config.max_restarts, config.num_nodes
-    if max_restarts and num_nodes > 1:
-        raise ValueError(
-            f"max_restarts={max_restarts} with num_nodes={num_nodes}: a restart must stop and "
-            "restart the workers on every node together, and each node's notebook_launcher "
-            "sees only its own. Run a script on each node with `nbaccel launch --max-restarts "
-            f"{max_restarts} --num-nodes {num_nodes} ...`, whose torchrun agents restart the "
-            "whole job, or keep max_restarts=0 here."
-        )
-    check_seconds("monitor_interval", monitor_interval, "0.1")
-    if not isinstance(rdzv_backend, str):
-        raise TypeError(f'rdzv_backend={rdzv_backend!r} must be a string: use "static"')
-    if rdzv_backend != "static":
-        raise ValueError(
-            f"rdzv_backend={rdzv_backend!r}: notebook_launcher's rendezvous is static (this "
-            'process hosts the store, the world size is fixed), so it takes only "static". '
-            "Elastic rendezvous, where nodes may join and leave, is torchrun's: run a script "
-            f"with `nbaccel launch` (torchrun underneath), or drop rdzv_backend here."
-        )
-    if (start_method or "forkserver") not in START_METHODS:
-        raise ValueError(f"start_method={start_method!r} is not one of {START_METHODS}")
-    if not hasattr(os, "fork"):
-        raise NbaccelError("notebook_launcher needs a POSIX system (Linux, macOS, WSL)")
-    _check_no_process_group()
-
-
-def _check_no_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        raise NbaccelError(
-            f"a torch.distributed process group is already alive in this kernel (rank "
-            f"{dist.get_rank()} of {dist.get_world_size()}). Workers create their own: call "
-            "torch.distributed.destroy_process_group() (or accelerator.end_training()) first."
-        )
 
 
 _launch_lock = threading.Lock()  # process-wide: one launch at a time per kernel

@@ -328,7 +328,7 @@ class Launch:
             late = [r.rank for r in self.ranks if r.signaled]
             found = self.found or "A rank stuck in a collective usually means another skipped it."
             raise LaunchError(
-                f"timeout: ranks {late} had not finished after {self.spec.timeout} s and were "
+                f"timeout: ranks {late} had not finished after {self.spec.timeout:g} s and were "
                 f"stopped. {found}",
                 failures,
                 self.run,

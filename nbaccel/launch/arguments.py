@@ -1,0 +1,115 @@
+"""``notebook_launcher``'s arguments, checked before anything starts.
+
+A bad argument is refused here, in the cell, with the value that was wrong and one that works:
+before the fork server, the rendezvous or any worker starts, so a mistake never turns into a
+worker's traceback or a supervisor's TypeError. ``LaunchConfig`` (``config.py``) checks the
+options that ``nbaccel launch`` shares; these are the ones only a launch from Python has.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..config import LaunchConfig, check_seconds
+from ..errors import NbaccelError
+from ..observe.live.view import LiveView
+from ..observe.records import Run
+
+START_METHODS = ("forkserver", "spawn")
+
+
+def check_call(function: Any, args: Any, kwargs: Any) -> None:
+    if not callable(function):
+        raise TypeError(
+            f"notebook_launcher needs the function itself, but got a {type(function).__name__} "
+            "(did you call it?). Write notebook_launcher(train, args=(...)), "
+            "not notebook_launcher(train(...))."
+        )
+    if not isinstance(args, list | tuple):
+        raise TypeError(
+            f"args must be a tuple of arguments, got {type(args).__name__}: "
+            f"use args=({args!r},) for a single argument"
+        )
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(
+            f"kwargs must be a dict of keyword arguments (or None), got "
+            f"{type(kwargs).__name__}: {kwargs!r}. Write kwargs={{'lr': 0.1}} for train(lr=0.1); "
+            "positional arguments go in args=(...)."
+        )
+    for name in kwargs or ():
+        if not isinstance(name, str):
+            raise TypeError(
+                f"kwargs={{{name!r}: ...}}: its keys are the function's parameter names, so "
+                "they must be strings, e.g. kwargs={'lr': 0.1}"
+            )
+
+
+# What each option of notebook_launcher takes, and an example of a good value.
+_OPTIONS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "return_all": ((bool,), "return_all=True"),
+    "output": (("all", "main"), 'output="main"'),
+    "live": ((bool, LiveView), "live=False"),
+    "run": ((Run, type(None)), "run=Run()"),
+    "cpu": ((bool, type(None)), "cpu=True"),
+    "fsdp": ((bool, type(None)), "fsdp=True"),
+    "deepspeed": ((bool, type(None)), "deepspeed=True"),
+    "master_addr": ((str, type(None)), 'master_addr="10.0.0.1"'),
+}
+
+
+def check_options(**options: Any) -> None:
+    """Options a worker (or the supervisor) would otherwise trip over, refused up front."""
+    for name, value in options.items():
+        allowed, example = _OPTIONS[name]
+        if all(isinstance(a, type) for a in allowed):
+            if not isinstance(value, allowed):
+                kinds = " or ".join("None" if a is type(None) else a.__name__ for a in allowed)
+                raise TypeError(f"{name}={value!r} must be {kinds}, e.g. {example}")
+        elif not isinstance(value, str) or value not in allowed:
+            raise ValueError(f"{name}={value!r} is not one of {allowed}: e.g. {example}")
+    if options.get("master_addr") == "":
+        raise ValueError('master_addr="" names no machine: use "127.0.0.1" (one machine)')
+
+
+def check_notebook_launch(
+    config: LaunchConfig, start_method: Any, monitor_interval: Any, rdzv_backend: Any
+) -> None:
+    """torch elastic's knobs: honoured, or refused with the reason; never accepted and ignored.
+    (``LaunchConfig`` checked the options that ``nbaccel launch`` shares.)"""
+    max_restarts, num_nodes = config.max_restarts, config.num_nodes
+    if max_restarts and num_nodes > 1:
+        raise ValueError(
+            f"max_restarts={max_restarts} with num_nodes={num_nodes}: a restart must stop and "
+            "restart the workers on every node together, and each node's notebook_launcher "
+            "sees only its own. Run a script on each node with `nbaccel launch --max-restarts "
+            f"{max_restarts} --num-nodes {num_nodes} ...`, whose torchrun agents restart the "
+            "whole job, or keep max_restarts=0 here."
+        )
+    check_seconds("monitor_interval", monitor_interval, "0.1")
+    if not isinstance(rdzv_backend, str):
+        raise TypeError(f'rdzv_backend={rdzv_backend!r} must be a string: use "static"')
+    if rdzv_backend != "static":
+        raise ValueError(
+            f"rdzv_backend={rdzv_backend!r}: notebook_launcher's rendezvous is static (this "
+            'process hosts the store, the world size is fixed), so it takes only "static". '
+            "Elastic rendezvous, where nodes may join and leave, is torchrun's: run a script "
+            f"with `nbaccel launch` (torchrun underneath), or drop rdzv_backend here."
+        )
+    if (start_method or "forkserver") not in START_METHODS:
+        raise ValueError(f"start_method={start_method!r} is not one of {START_METHODS}")
+    if not hasattr(os, "fork"):
+        raise NbaccelError("notebook_launcher needs a POSIX system (Linux, macOS, WSL)")
+    _check_no_process_group()
+
+
+def _check_no_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        raise NbaccelError(
+            f"a torch.distributed process group is already alive in this kernel (rank "
+            f"{dist.get_rank()} of {dist.get_world_size()}). Workers create their own: call "
+            "torch.distributed.destroy_process_group() (or accelerator.end_training()) first."
+        )
