@@ -79,13 +79,14 @@ def serve(control_fd: int) -> None:
 
 def _handle(control, message, fds, launches, wake_r, wake_w) -> None:
     if isinstance(message, Start):
-        pids = []
+        pids, server = [], os.getpid()
         for i, spec in enumerate(message.workers):
             mine = fds[FDS_PER_WORKER * i : FDS_PER_WORKER * (i + 1)]
             pid = os.fork()
             if pid == 0:  # the worker: never returns to the server's loop
                 code = 1
                 try:
+                    _die_with(server)
                     os.close(wake_r)
                     os.close(wake_w)
                     control.close()
@@ -135,6 +136,27 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 # -- a worker ------------------------------------------------------------------------------------
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _die_with(server: int) -> None:
+    """Make the kernel SIGKILL this worker when the fork server dies, however it dies.
+
+    The server's own cleanup runs only when it sees the launcher go (EOF); killed itself (the
+    OOM killer, a process monitor), it cleans up nothing, and workers in process groups of their
+    own would train on as orphans. Linux only; elsewhere the launcher's sweep at the end of the
+    launch (``supervisor.py``) is what ends them.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != server:  # it died between the fork and the prctl: no signal will come
+        os._exit(1)
+
+
 def _worker(spec: WorkerSpec, out_fd: int, err_fd: int, channel_fd: int, metrics_fd: int) -> int:
     os.setpgid(0, 0)  # one group per worker, so a stop reaches its DataLoader workers too
     signal.set_wakeup_fd(-1)

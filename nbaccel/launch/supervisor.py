@@ -24,11 +24,12 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
-from ..env import STACKS_VAR
+from ..env import LAUNCH_VAR, STACKS_VAR
 from ..errors import LaunchError, RankFailure, by_priority, root_cause_report
 from ..observe.channel import decode as decode_records
 from ..observe.hang import Report, Stall, ask
 from ..observe.records import Run
+from . import leftovers
 from .client import ForkServer, shared_server
 from .protocol import Exited, Failure, Message, Result, WorkerSpec, decode
 
@@ -82,13 +83,13 @@ class Launch:
     def __init__(self, spec: LaunchSpec, *, run: Run | None = None, view=None) -> None:
         self.spec = spec
         self.run, self.view = run if run is not None else Run(), view
-        self.id = next(_launch_ids)
+        self.id, self.marker = next(_launch_ids), os.urandom(8).hex()  # see leftovers.py
         self.ranks: list[_Rank] = []
         self.failed_order: list[int] = []
         self.stopping_since: float | None = None
         self.killed = False
         self.timed_out = False
-        self.server_died = False
+        self.server_died, self.server_pid = False, None  # the server that started them
         self.stacks_dir: str | None = None  # where the ranks answer stack requests
         self.stall = Stall(spec.stall_warning)
         self.found: Report | None = None  # where the ranks were when the timeout struck
@@ -130,9 +131,10 @@ class Launch:
 
     def _start(self, server: ForkServer) -> None:
         specs, worker_fds = [], []
+        self.server_pid = server.process.pid
         self.stacks_dir = tempfile.mkdtemp(prefix="nbaccel-stacks-")
         for rank, env in enumerate(self.spec.envs):
-            env = {**env, STACKS_VAR: self.stacks_dir}
+            env = {**env, STACKS_VAR: self.stacks_dir, LAUNCH_VAR: self.marker}
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             ours, theirs = socket.socketpair()
@@ -334,8 +336,8 @@ class Launch:
                 self.run,
                 stacks=self.found.stacks if self.found else None,
             ) from None
-        if self.server_died and not failures:
-            raise LaunchError("nbaccel's fork server died; the next launch starts a new one")
+        if self.server_died and not any(f.exc_type for f in failures if not f.secondary):
+            raise LaunchError(leftovers.lost_server(self), failures, self.run)
         stopped = {f.rank for f in failures if self._by_us(f)}
         finished = [r.rank for r in self.ranks if self._returned(r.rank)]
         report = root_cause_report(failures, stopped, finished)
@@ -384,6 +386,7 @@ class Launch:
                 r.metrics.close()
         if self.stacks_dir is not None:
             shutil.rmtree(self.stacks_dir, ignore_errors=True)
+        leftovers.sweep(self.marker, {r.pid: r.rank for r in self.ranks}, server.process.pid)
         if self.spec.start_method == "spawn":
             server.close()
 
