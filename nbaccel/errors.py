@@ -9,6 +9,13 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
+# What a function should return instead of a value that cannot come back to the notebook.
+RETURN_INSTEAD = (
+    "return plain data, tensors or state_dicts instead (for a prepared model: "
+    "`return accelerator.unwrap_model(model).state_dict()`, then load it into a fresh model "
+    "in the notebook)"
+)
+
 
 class NbaccelError(RuntimeError):
     """Base class of nbaccel's run-time errors."""
@@ -34,6 +41,9 @@ class RankFailure:
     secondary: bool = False  # a collective failed because another rank was gone
 
     def describe(self) -> str:
+        if self.exc_type == "SystemExit":  # sys.exit(...): its code and what Python prints
+            note = f": {self.message}" if self.message else ""
+            return f"rank {self.rank} (pid {self.pid}) exited with code {self.exit_code}{note}"
         if self.exc_type is not None:
             return f"rank {self.rank} (pid {self.pid}) raised {self.exc_type}: {self.message}"
         if self.exit_code is not None and self.exit_code < 0:
@@ -47,7 +57,10 @@ class RankFailure:
 
 
 class LaunchError(NbaccelError):
-    """A launch failed: the first rank's real error, its traceback, and what the others did."""
+    """A launch failed: the first rank's real error, its traceback, and what the others did.
+
+    ``results``: {rank: value} of the values that did come back when others could not (a
+    value the notebook cannot unpickle); empty when a rank failed."""
 
     def __init__(
         self,
@@ -55,8 +68,10 @@ class LaunchError(NbaccelError):
         failures: list[RankFailure] | None = None,
         run: object = None,
         stacks: dict | None = None,
+        results: dict | None = None,
     ) -> None:
         self.failures = failures or []
+        self.results = results or {}
         self.run = run  # the launch's records (a Run): what every rank logged before it failed
         # A timeout's {rank: stacks.RankStack or None}: where each unfinished rank was, asked
         # before it was stopped (None: it did not answer).

@@ -20,8 +20,10 @@ import selectors
 import signal
 import socket
 import sys
+from dataclasses import replace
 
 from ..env import CHANNEL_VAR
+from ..errors import RETURN_INSTEAD
 from ..observe.stacks import listen_from_environ
 from .protocol import (
     FDS_PER_WORKER,
@@ -36,6 +38,7 @@ from .protocol import (
     encode,
     recv,
     send,
+    type_name,
     unpack_call,
 )
 
@@ -193,25 +196,30 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
     channel = Connection(channel_fd)
     try:
         function, args, kwargs = unpack_call(channel.recv_bytes())
+        sys.argv[:] = [getattr(function, "__qualname__", repr(function))]  # not the server's
         value = function(*args, **kwargs)
         flush_all()  # the last records reach the notebook before the result does
         try:
             payload = cloudpickle.dumps(to_cpu(value))
         except Exception as err:
             raise TypeError(
-                f"the function returned a {type(value).__name__} that cannot be sent back to "
-                f"the notebook ({err}); return plain data, tensors or state_dicts instead"
+                f"the function returned a {type_name(value)} that cannot be sent back to the "
+                f"notebook ({err}); {RETURN_INSTEAD}"
             ) from err
-        channel.send_bytes(encode(Result(payload)))
+        channel.send_bytes(encode(Result(payload, type_name(value))))
         code = 0
     except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        if code == 0:
-            channel.send_bytes(encode(Result(cloudpickle.dumps(None))))
+        flush_all()
+        code, shown = _exit_status(exit_)
+        if code == 0:  # sys.exit(0) as a way out: the value is None, the launcher says so
+            channel.send_bytes(encode(Result(cloudpickle.dumps(None), "NoneType", exited=True)))
+        else:  # what Python prints for it, and where it was raised
+            data = replace(_describe(exit_), message=shown)
+            channel.send_bytes(encode(Failure(data, exit_code=code)))
     except BaseException as err:
         flush_all()  # the records up to the failure reach the notebook before it does
-        failure = Failure(ExceptionData.of(err, hide=__file__), _is_collective_failure(err))
-        channel.send_bytes(encode(failure))
+        data = _describe(err)
+        channel.send_bytes(encode(Failure(data, _is_collective_failure(err, data.message))))
         code = 1
     finally:
         sys.stdout.flush()
@@ -224,8 +232,30 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
     return code
 
 
-def _is_collective_failure(err: BaseException) -> bool:
-    """True for the errors a rank gets because *another* rank died mid-collective."""
+def _describe(err: BaseException) -> ExceptionData:
+    """``err`` as data; should even that fail (no memory left), its class's name alone."""
+    try:
+        return ExceptionData.of(err, hide=__file__)
+    except Exception:
+        return ExceptionData(type(err).__qualname__, str(type(err).__module__), "")
+
+
+def _exit_status(exit_: SystemExit) -> tuple[int, str]:
+    """The exit code and the message of ``raise SystemExit(code)``, as Python's own exit
+    handling has them: ``None`` is 0, an int is itself, anything else is printed and is 1."""
+    if exit_.code is None:
+        return 0, ""
+    if isinstance(exit_.code, int):
+        return exit_.code, ""
+    try:
+        return 1, str(exit_.code)
+    except Exception:
+        return 1, f"<unprintable {type(exit_.code).__name__}>"
+
+
+def _is_collective_failure(err: BaseException, text: str) -> bool:
+    """True for the errors a rank gets because *another* rank died mid-collective (``text``:
+    the error's message, read once, safely, by ``ExceptionData.of``)."""
     import torch.distributed as dist
 
     backend_errors = tuple(
@@ -233,7 +263,7 @@ def _is_collective_failure(err: BaseException) -> bool:
         for name in ("DistBackendError", "DistNetworkError")
         if hasattr(dist, name)
     )
-    text = str(err).lower()
+    text = text.lower()
     hints = ("connection closed by peer", "connection reset", "broken pipe", "socket", "gloo")
     return isinstance(err, backend_errors) or (
         isinstance(err, RuntimeError) and any(h in text for h in hints)

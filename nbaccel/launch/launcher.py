@@ -149,6 +149,10 @@ def notebook_launcher(
     Raises:
         LaunchError: a worker raised, died, or timed out; the message holds its traceback
             (with ``max_restarts``, the last attempt's, after a line per earlier attempt).
+            Also a returned value that cannot be rebuilt in this process (a prepared model):
+            the error names the rank and the value's type, says what to return instead, and
+            keeps the values that did come back in ``.results`` ({rank: value}). Only the
+            values the call returns can fail it: rank 0's, unless ``return_all``.
     """
     check_call(function, args, kwargs)  # each argument checked before any worker starts
     timeout = check_seconds(
@@ -174,7 +178,7 @@ def notebook_launcher(
         else:
             watch = {"start_method": start_method or "forkserver", "timeout": timeout}
             watch |= {"output": output, "monitor_interval": monitor_interval}
-            watch |= {"stall_warning": stall_warning}
+            watch |= {"stall_warning": stall_warning, "return_all": return_all}
             values = _run_workers(pack_call(function, args, kwargs), config, watch, live, run)
     return values if return_all else values[0]
 
@@ -259,14 +263,20 @@ def _attempts_error(err: LaunchError, earlier: list[str], last, max_restarts: in
     if last.worker_failed:
         header = f"all {made} attempts failed (max_restarts={max_restarts})"
     else:
-        why = "a timeout" if last.timed_out else "a failure of nbaccel's fork server"
+        why = (
+            "a timeout"
+            if last.timed_out
+            else "a failure of nbaccel's fork server"
+            if last.server_died
+            else "a value that cannot come back to this process"
+        )
         header = (
             f"attempt {made} of up to {max_restarts + 1} ended in {why}, which is not restarted "
             "(only a worker that raised or died is)"
         )
     lines = [f"{header}.", *(f"  attempt {i}: {c}" for i, c in enumerate(earlier, 1))]
     lines += ["", f"attempt {made}: {err}"]
-    return LaunchError("\n".join(lines), err.failures, err.run)
+    return LaunchError("\n".join(lines), err.failures, err.run, results=err.results)
 
 
 _launch_lock = threading.Lock()  # process-wide: one launch at a time per kernel

@@ -100,8 +100,8 @@ class ExceptionData:
             seen.add(id(exc))
             return cls(
                 type(exc).__qualname__,
-                type(exc).__module__,
-                str(exc),
+                str(type(exc).__module__),
+                _text(exc),
                 tuple(
                     (f.filename, f.lineno, f.name, f.line)
                     for f in traceback.extract_tb(exc.__traceback__)
@@ -146,11 +146,38 @@ class ExceptionData:
         return "".join(parts)
 
 
+def _text(exc: BaseException) -> str:
+    """``str(exc)``, whatever the class does: a ``__str__`` that raises or returns a non-string
+    falls back to ``repr``, then to ``<unprintable X>``. Always a plain ``str``, so the
+    message unpickles where the exception's class does not exist."""
+    for show in (str, repr):
+        try:
+            text = show(exc)
+        except Exception:
+            continue
+        if isinstance(text, str):
+            return str.__str__(text)  # a str subclass from the worker would not unpickle here
+    return f"<unprintable {type(exc).__name__}>"
+
+
+def type_name(value: Any) -> str:
+    """``value``'s class as ``module.qualname`` (``builtins`` left out), read in the worker:
+    the launcher names a value it cannot unpickle without unpickling it."""
+    cls = type(value)
+    module = str(getattr(cls, "__module__", "") or "")
+    qualname = str(getattr(cls, "__qualname__", cls.__name__))
+    return qualname if module in ("", "builtins") else f"{module}.{qualname}"
+
+
 @dataclass(frozen=True)
 class Result:
-    """Worker -> launcher: the function returned; ``value`` is its cloudpickle."""
+    """Worker -> launcher: the function returned; ``value`` is its cloudpickle and ``type``
+    its class's name (``type_name``), so a value that cannot be unpickled here is still named.
+    ``exited``: it left through ``sys.exit(0)`` (or ``None``) instead of returning."""
 
     value: bytes
+    type: str = ""
+    exited: bool = False
 
 
 @dataclass(frozen=True)
@@ -160,6 +187,7 @@ class Failure:
 
     exception: ExceptionData
     collective: bool = False
+    exit_code: int | None = None  # a SystemExit's: the worker may be stopped before it exits
 
 
 MESSAGES = (Start, Signal, Started, Exited, Result, Failure)

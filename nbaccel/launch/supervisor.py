@@ -29,7 +29,7 @@ from ..errors import LaunchError, RankFailure, by_priority, root_cause_report
 from ..observe.channel import decode as decode_records
 from ..observe.hang import Report, Stall, ask
 from ..observe.records import Run
-from . import leftovers
+from . import leftovers, results
 from .client import ForkServer, shared_server
 from .protocol import Exited, Failure, Message, Result, WorkerSpec, decode
 
@@ -48,7 +48,7 @@ class _Rank:
     channel: Connection
     pid: int | None = None
     exit_code: int | None = None
-    result: bytes | None = None
+    result: Result | None = None  # its value, still pickled (results.py unpickles it)
     error: Failure | None = None
     metrics: socket.socket | None = None  # datagrams from the worker's channel.Channel
     signaled: bool = False  # still running when the launch began to stop the workers
@@ -72,6 +72,7 @@ class LaunchSpec:
     output: Literal["all", "main"] = "all"  # whose output to show
     monitor_interval: float = 0.1
     stall_warning: float | None = None  # seconds without a record, then say where ranks are
+    return_all: bool = False  # the call returns every local rank's value, not rank 0's alone
 
 
 class Launch:
@@ -242,7 +243,7 @@ class Launch:
             _forget(selector, r.channel)  # also reached from an exit report in this round
             return
         if isinstance(message, Result):
-            r.result = message.value
+            r.result = message
         elif isinstance(message, Failure):
             r.error = message
             self._fail(r, server)
@@ -319,12 +320,8 @@ class Launch:
             self._on_server_death()
 
     def _outcome(self) -> list[Any]:
-        import cloudpickle
-
         if not self.failed_order and not self.timed_out and not self.server_died:
-            values = [cloudpickle.loads(r.result) for r in self.ranks]
-            self.run.results = {r.rank: v for r, v in zip(self.ranks, values, strict=True)}
-            return values
+            return results.collect(self.ranks, self.spec.return_all, self.run)
         failures = self.run.failures = self._failures()
         if self.timed_out and not any(f.exc_type for f in failures if not f.secondary):
             late = [r.rank for r in self.ranks if r.signaled]
@@ -356,10 +353,10 @@ class Launch:
         failures = []
         for r in self.ranks:
             if r.error is not None:
-                exc, secondary = r.error.exception, r.error.collective
+                exc, secondary, code = r.error.exception, r.error.collective, r.error.exit_code
                 failures.append(
-                    RankFailure(r.rank, r.pid, r.exit_code, exc.type, exc.message, exc.format(),
-                                secondary=secondary)
+                    RankFailure(r.rank, r.pid, r.exit_code if code is None else code, exc.type,
+                                exc.message, exc.format(), secondary=secondary)
                 )  # fmt: skip
             elif r.exit_code not in (0, None) or (r.exit_code == 0 and r.result is None):
                 note = "without returning a result" if r.exit_code == 0 else ""
