@@ -15,8 +15,9 @@ method is written here or found by one of these names:
   ...) are the functions of ``saving.py``.
 
 No hidden globals: two Accelerators in one process share nothing, except what torch itself keeps
-process-wide: the default process group (created by the first Accelerator that needs it and
-destroyed by that one's ``end_training``), the global RNGs, and CUDA's current device.
+process-wide: the default process group (created by the first Accelerator that needs it, shared,
+destroyed by the ``end_training`` of the last one alive: ``state.py``), the global RNGs, and
+CUDA's current device.
 """
 
 from __future__ import annotations
@@ -303,7 +304,7 @@ class Accelerator(PartialState):
         strings, say) is gathered as Python objects, as with ``use_gather_object=True``."""
         if not self.use_distributed:
             return input_data
-        with breakdown.communicating(self._breakdown, "gather_for_metrics"):
+        with self._collective("gather_for_metrics"):
             return collectives.gather_for_metrics(input_data, self._loop, use_gather_object)
 
     # -- the live view and the experiment trackers ---------------------------------------------
@@ -377,8 +378,8 @@ class Accelerator(PartialState):
     skip_first_batches = saving.skip_first_batches
 
     def end_training(self) -> None:
-        """Send the last metrics, draw the final view, finish the trackers, and destroy the
-        process group this Accelerator created (safe to call twice)."""
+        """Send the last metrics, draw the final view, finish the trackers, and leave the
+        process group: the last live Accelerator's call destroys it (safe to call twice)."""
         self.recorder.close()
         self._trackers.finish()
         self.destroy_process_group()
@@ -387,10 +388,8 @@ class Accelerator(PartialState):
         strategy = self.__dict__.get("strategy")  # None when __init__ was refused early
         if strategy is None:
             return super().destroy_process_group()
-        try:
-            strategy.end(self._models, leave_group=self._owns_process_group)
-        finally:
-            self._owns_process_group = False
+        with self._leaving_group() as last:  # the last live Accelerator destroys the group
+            strategy.end(self._models, leave_group=last)
 
 
 def _kept(objects: list[Any], obj: Any) -> Any:

@@ -7,9 +7,19 @@ name here is an Accelerator's too.
 
 One difference, on purpose: Accelerate's state is a process-wide singleton, nbaccel's is an
 ordinary object (two share nothing but torch's default process group). Creating one joins the
-process group when the launch has several processes and none exists yet; the one that joined
-it leaves it in ``destroy_process_group()`` (the Accelerator's ``end_training``). Workers that
+process group when the launch has several processes and none exists yet. Workers that
 ``notebook_launcher`` started leave it anyway when the function returns.
+
+Two states in one process (two Accelerators in one worker) share that group, counted: each
+holds it from its creation until its ``destroy_process_group()`` (the Accelerator's
+``end_training``), and the last holder's call destroys it. So ending one Accelerator never pulls
+the group from under another: the other's ``reduce`` and ``gather`` still reach every rank.
+The count is the one process-wide thing nbaccel keeps (DESIGN.md): ``_holders``, a weak set of
+the live states using a group that nbaccel created (``_created``); a state that became garbage
+no longer holds it. A group you created yourself is yours: nbaccel uses it and never destroys it.
+A collective through a state after its own ``end_training``, or after its group was destroyed
+behind its back (``torch.distributed.destroy_process_group()``), raises ``NbaccelError`` and
+says why: without the group it would quietly return this rank's value alone, a wrong number.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import contextlib
 import enum
 import functools
 import gc
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -27,6 +38,7 @@ import torch.distributed as dist
 
 from ..config import LaunchConfig
 from ..env import DistEnv, backend_for, choose_device
+from ..errors import NbaccelError
 from ..observe.breakdown import Breakdown, communicating
 from ..observe.stacks import listen_from_environ
 from . import collectives
@@ -79,17 +91,23 @@ class PartialState:
         if cpu is None:
             cpu = bool(LaunchConfig.from_environ().cpu)
         self.device = choose_device(self.env.local_rank, cpu=cpu)
-        self._owns_process_group = False
         self._triggered = False  # set_trigger since the last check_trigger
-        if self.env.is_distributed and not dist.is_initialized():
+        self._group: weakref.ref | None = None  # the default group this state uses
+        self._ended = False  # destroy_process_group() was called
+        if not self.env.is_distributed:
+            return
+        if not dist.is_initialized():
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
             dist.init_process_group(
                 backend_for(self.device), rank=self.env.rank, world_size=self.env.world_size
             )
-            self._owns_process_group = True
+            _created.add(dist.group.WORLD)
             atexit.unregister(_free_before_exit)  # once, however many joined
             atexit.register(_free_before_exit)
+        self._group = weakref.ref(dist.group.WORLD)
+        if dist.group.WORLD in _created:  # nbaccel's group (not one you made): hold it
+            _holders.add(self)
 
     # -- the facts (PyTorch's names, and Accelerate's) ------------------------------------------
     @property
@@ -139,7 +157,7 @@ class PartialState:
     def wait_for_everyone(self) -> None:
         """A barrier: every rank waits here until all have arrived."""
         if self.use_distributed:
-            with communicating(self._breakdown, "wait_for_everyone (a barrier)"):
+            with self._collective("wait_for_everyone (a barrier)"):
                 dist.barrier()
 
     @contextlib.contextmanager
@@ -230,21 +248,44 @@ class PartialState:
         Every rank must pass tensors of the same shape (else every rank raises a ``ValueError``
         naming each rank's shape); see ``pad_across_processes``.
         """
-        with communicating(self._breakdown, "gather"):
+        with self._collective("gather"):
             return collectives.gather(tensor)
 
     def reduce(self, tensor: Any, reduction: Reduction = "sum", scale: float = 1.0) -> Any:
         """Sum (the default here, as in Accelerate's Accelerator), average, max or min each tensor
         across ranks; every rank gets the result."""
-        with communicating(self._breakdown, "reduce"):
+        with self._collective("reduce"):
             return collectives.reduce(tensor, reduction, scale)
 
     def pad_across_processes(
         self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
     ) -> Any:
         """Pad each tensor along ``dim`` to the largest size on any rank, so it can be gathered."""
-        with communicating(self._breakdown, "pad_across_processes"):
+        with self._collective("pad_across_processes"):
             return collectives.pad_across_processes(tensor, dim, pad_index, pad_first)
+
+    def _collective(self, name: str) -> contextlib.AbstractContextManager:
+        """Time the collective ``name`` as communication, once this state's group is known to
+        be alive: without it, torch's collectives would quietly return this rank's value."""
+        if self.use_distributed and (self._ended or not _alive(self._group)):
+            raise NbaccelError(self._group_gone(name))
+        return communicating(self._breakdown, name)
+
+    def _group_gone(self, name: str) -> str:
+        if self._ended:
+            return (
+                f"{name} after this {type(self).__name__}'s end_training() (destroy_process_group"
+                "()): it has left the process group, which the last one to leave destroys, and "
+                "without it the result would be this rank's value alone. Call end_training() "
+                "once, after the last collective, or create a new Accelerator to go on."
+            )
+        return (
+            f"{name}: the process group this {type(self).__name__} used was destroyed by "
+            "torch.distributed.destroy_process_group() while it was still in use, so the "
+            "result would be this rank's value alone. nbaccel's Accelerators share the group "
+            "and the last one's end_training() destroys it: leave that to them, or destroy it "
+            "only after the last collective."
+        )
 
     # -- one rank stops everyone (early stopping, a NaN loss) -----------------------------------
     def set_trigger(self) -> None:
@@ -255,17 +296,35 @@ class PartialState:
         """True on every rank when any rank called ``set_trigger`` since the last check (the
         flags are then lowered). A collective: every rank must call it at the same point."""
         flag = torch.tensor(float(self._triggered), device=self.device)
-        with communicating(self._breakdown, "check_trigger"):
+        with self._collective("check_trigger"):
             flag = collectives.reduce(flag, "max")
         self._triggered = False
         return bool(flag.item())
 
     # -- the end ---------------------------------------------------------------------------------
     def destroy_process_group(self) -> None:
-        """Leave the process group, if this object joined it (safe to call twice)."""
-        if self._owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
-        self._owns_process_group = False
+        """Stop using the process group; destroy it if nbaccel created it and no other live
+        state still holds it (safe to call twice)."""
+        with self._leaving_group() as last:
+            if last and dist.is_initialized():
+                dist.destroy_process_group()
+
+    @contextlib.contextmanager
+    def _leaving_group(self) -> Iterator[bool]:
+        """Yield whether this state is the last holder of a live group nbaccel created, the
+        one whose leaving destroys it; then it holds the group no longer, whatever happened."""
+        group = self._group() if self._group is not None else None
+        holders = _holding(group)
+        if self in holders and len(holders) > 1:
+            # An Accelerator dropped without end_training lives on in reference cycles until
+            # the collector runs: collect it now, while the group it may use still lives.
+            gc.collect()
+            holders = _holding(group)
+        try:
+            yield holders == [self]
+        finally:
+            _holders.discard(self)
+            self._ended = True
 
     def __repr__(self) -> str:
         return (
@@ -273,6 +332,25 @@ class PartialState:
             f"process_index={self.process_index}, num_processes={self.num_processes}, "
             f"device={self.device})"
         )
+
+
+#: The live states that hold a default process group nbaccel created (see the module's
+#: docstring), and the groups it created: weak, so garbage holds nothing and leaks nothing.
+_holders: weakref.WeakSet[PartialState] = weakref.WeakSet()
+_created: weakref.WeakSet[dist.ProcessGroup] = weakref.WeakSet()
+
+
+def _alive(group: weakref.ref | None) -> bool:
+    """Whether ``group`` (a weak reference) is still torch's default process group."""
+    current = dist.group.WORLD if dist.is_initialized() else None
+    return group is not None and current is not None and group() is current
+
+
+def _holding(group: Any) -> list[PartialState]:
+    """The live states that hold ``group``, an alive default group."""
+    if group is None or not dist.is_initialized() or group is not dist.group.WORLD:
+        return []
+    return [s for s in list(_holders) if s._group is not None and s._group() is group]
 
 
 def _free_before_exit() -> None:
