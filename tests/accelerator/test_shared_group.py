@@ -50,8 +50,11 @@ def two_accelerators() -> dict:
     seen = {}
     # The second ends first, then the first (which created the group).
     first, second = Accelerator(live=False), Accelerator(live=False)
+    model = second.prepare(torch.nn.Linear(2, 1))  # DDP
+    second.backward(model(torch.ones(4, 2)).sum())
     second.end_training()
     seen["group after the second ended"] = dist.is_initialized()
+    seen["its model let go of the group"] = model.reducer is None  # before the group goes
     seen["first"] = collected(first)
     seen["second, ended"] = raised(lambda: second.reduce(torch.ones(1)))
     move_the_meeting()
@@ -73,6 +76,7 @@ def two_accelerators() -> dict:
 def test_ending_one_accelerator_leaves_the_others_collectives_right():
     for seen in run_ranks(two_accelerators):
         assert seen["group after the second ended"]
+        assert seen["its model let go of the group"]
         assert seen["first"] == (2.0, [0.0, 1.0], False)
         assert "reduce after this Accelerator's end_training()" in seen["second, ended"]
         assert "this rank's value alone" in seen["second, ended"]

@@ -92,11 +92,11 @@ class DDP(Strategy):
             model.require_backward_grad_sync, model.require_forward_param_sync = saved
 
     def end(self, models: list[torch.nn.Module], leave_group: bool) -> None:
-        if leave_group:
-            # A DDP model that outlives its gloo group can deadlock when it is freed: its
-            # Reducer, then the last owner of the group, tears the group down while holding
-            # the GIL that a gloo thread is waiting for. Free the Reducers while the group lives.
-            for model in models:
-                if isinstance(model, DistributedDataParallel):
-                    model.reducer = None
+        # A DDP model that outlives its gloo group can deadlock when it is freed: its Reducer,
+        # then the last owner of the group, tears the group down while holding the GIL that a
+        # gloo thread is waiting for. Free the Reducers while the group lives, even when another
+        # Accelerator will destroy the group later (its end cannot reach this one's models).
+        for model in models:
+            if isinstance(model, DistributedDataParallel):
+                model.reducer = None
         super().end(models, leave_group)
