@@ -1,6 +1,7 @@
 """No worker, and nothing a worker started, outlives its launch (issue 31): not when the fork
 server is killed mid-launch, not after a launch that succeeded. Verdicts come from the process
-table (``processes.py`` scans the whole machine for a launch's marker), never from timing."""
+table (``processes.py`` scans the whole machine for a launch's marker), never from timing.
+And a worker's ``sys.argv`` is its own, not the fork server's."""
 
 from __future__ import annotations
 
@@ -141,3 +142,11 @@ def test_a_successful_launch_ends_what_ranks_left_running_and_names_what_they_de
     finally:
         server.kill()  # ours: this test's launch started it
     assert wait_gone([server], HANG) == []
+
+
+def test_workers_see_an_argv_of_their_own_not_the_fork_servers():
+    def argv():
+        return list(sys.argv)
+
+    expected = [argv.__qualname__]
+    assert notebook_launcher(argv, num_processes=2, return_all=True) == [expected, expected]
