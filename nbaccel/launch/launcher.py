@@ -57,7 +57,7 @@ from ..observe.hang import check_stall_warning
 from ..observe.live.view import LiveView
 from ..observe.records import Run
 from .arguments import check_call, check_notebook_launch, check_options
-from .protocol import pack_call
+from .protocol import ExceptionData, pack_call
 from .rendezvous import loopback_interface, rendezvous
 from .supervisor import Launch, LaunchSpec
 
@@ -312,7 +312,8 @@ def _call_here(function, args, kwargs, env: dict[str, str], run: Run) -> Any:
     try:
         return to_cpu(function(*args, **kwargs))
     except Exception as err:
-        failure = RankFailure(0, os.getpid(), None, type(err).__qualname__, str(err))
+        message = ExceptionData.of(err).message  # whatever its __str__ does
+        failure = RankFailure(0, os.getpid(), None, type(err).__qualname__, message)
         raise LaunchError(f"{failure.describe()} (traceback above)", [failure]) from err
     finally:
         local_run.reset(token)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from nbaccel import LaunchError, notebook_launcher
-from nbaccel.launch.protocol import ExceptionData
+from nbaccel.launch.protocol import ExceptionData, type_name
 
 pytestmark = pytest.mark.multiprocess
 HANG = 120  # seconds: a launch that takes this long is hung, not slow
@@ -71,6 +71,29 @@ def test_a_value_that_cannot_come_back_is_an_error_and_the_others_survive():
     assert [f.rank for f in e.value.failures] == [1]
 
 
+def test_a_value_that_cannot_come_back_is_not_restarted():
+    def work():
+        import os
+
+        return _value_that_only_lives_in_workers(int(os.environ["RANK"]))
+
+    with pytest.raises(LaunchError, match="a value that cannot come back") as e:
+        _launch(work, return_all=True, max_restarts=1)
+    assert "rank 1 returned a" in str(e.value) and e.value.results == {0: {"rank": 0}}
+
+
+def test_one_process_here_names_an_unprintable_error():
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no str")
+
+    def fail():
+        raise Unprintable("x")
+
+    with pytest.raises(LaunchError, match=r"rank 0 .* raised .*Unprintable: .*Unprintable\('x'\)"):
+        notebook_launcher(fail, num_processes=1, cpu=True)
+
+
 def test_only_the_values_the_call_returns_can_fail_it():
     def work():
         import os
@@ -119,6 +142,7 @@ def test_an_exception_whose_str_raises_falls_back_to_its_repr():
             return Text("odd text")
 
     assert ExceptionData.of(Loud("x")).message == "Loud('x')"
+    assert type_name(Loud()) == f"{__name__}.{Loud.__qualname__}" and type_name(1) == "int"
     message = ExceptionData.of(Odd()).message
     assert message == "odd text" and type(message) is str
 
