@@ -97,7 +97,9 @@ def test_a_timeout_is_not_restarted(tmp_path, capfd):
     ):
         notebook_launcher(hangs, num_processes=2, max_restarts=2, timeout=2)
     assert "Restarting" not in capfd.readouterr().err
-    assert not starts.exists() or set(starts.read_text().split()) == {"0"}  # no second attempt
+    # only attempt 0 ever started (how far it got before the stop is the scheduler's business:
+    # the file may not exist, be empty, or hold a 0 from each rank)
+    assert not starts.exists() or set(starts.read_text().split()) <= {"0"}  # no second attempt
 
 
 def test_a_stop_from_the_user_is_not_restarted(tmp_path):
@@ -124,7 +126,9 @@ def test_a_stop_from_the_user_is_not_restarted(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         notebook_launcher(sleeps, num_processes=2, max_restarts=2, live=view, timeout=HANG)
     assert view.interrupted and view.closed
-    assert not starts.exists() or set(starts.read_text().split()) == {"0"}
+    # only attempt 0 ever started (how far it got before the stop is the scheduler's business:
+    # the file may not exist, be empty, or hold a 0 from each rank)
+    assert not starts.exists() or set(starts.read_text().split()) <= {"0"}
 
 
 def test_monitor_interval_paces_the_supervisors_checks(monkeypatch):
