@@ -311,6 +311,12 @@ def _call_here(function, args, kwargs, env: dict[str, str], run: Run) -> Any:
     token = local_run.set(run)
     try:
         return to_cpu(function(*args, **kwargs))
+    except SystemExit as exit_:  # sys.exit(...), as a worker's: 0 or None a plain end
+        if exit_.code in (None, 0):
+            return None
+        code, message = (exit_.code, "") if isinstance(exit_.code, int) else (1, str(exit_.code))
+        failure = RankFailure(0, os.getpid(), code, "SystemExit", message)
+        raise LaunchError(f"{failure.describe()} (traceback above)", [failure]) from exit_
     except Exception as err:
         message = ExceptionData.of(err).message  # whatever its __str__ does
         failure = RankFailure(0, os.getpid(), None, type(err).__qualname__, message)

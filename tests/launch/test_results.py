@@ -7,6 +7,8 @@ cells, so they travel by value.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from nbaccel import LaunchError, notebook_launcher
@@ -92,6 +94,19 @@ def test_one_process_here_names_an_unprintable_error():
 
     with pytest.raises(LaunchError, match=r"rank 0 .* raised .*Unprintable: .*Unprintable\('x'\)"):
         notebook_launcher(fail, num_processes=1, cpu=True)
+
+
+@pytest.mark.parametrize(
+    "code, expected",
+    [("config file missing", "exited with code 1: config file missing"), (3, "exited with code 3")],
+)
+def test_one_process_here_keeps_a_system_exits_message_and_code(code, expected):
+    def leave():
+        raise SystemExit(code)
+
+    with pytest.raises(LaunchError, match=rf"rank 0 \(pid \d+\) {expected} \(traceback above\)"):
+        notebook_launcher(leave, num_processes=1, cpu=True)
+    assert notebook_launcher(lambda: sys.exit(0), num_processes=1, cpu=True) is None
 
 
 def test_only_the_values_the_call_returns_can_fail_it():
