@@ -41,6 +41,11 @@ def to_png(fig) -> bytes:
     return buffer.getvalue()
 
 
+#: What the loss axes says while no metric was logged.
+NOTHING_LOGGED = (
+    "nothing logged: log({'loss': loss}) on the Accelerator\n"
+    "or a Recorder draws the loss here, per rank and their mean"
+)
 BOLD = {"lw": 2.2, "color": "black", "zorder": 3}  # the mean and the total, over the ranks
 
 
@@ -87,7 +92,7 @@ class Panel:
             self._line(self.loss_ax, "mean", _thin(*run.mean(name)), **BOLD)
             _, unit, _ = steps(run)
             self.loss_ax.set(ylabel=name, title=name, xlabel=f"step ({unit})")
-        self._empty[self.loss_ax].set_text("" if name else _nothing_logged(run))
+        self._empty[self.loss_ax].set_text("" if name else NOTHING_LOGGED)
         rates = run.rates(SAMPLES)
         for rank, (times, values) in sorted(rates.items()):
             self._line(self.speed_ax, f"rank {rank}", _thin(times, values), lw=1, alpha=0.6)
@@ -141,13 +146,6 @@ class Panel:
         lines = sorted(ax.lines, key=lambda line: _legend_order(line.get_label()))
         loc = "upper right" if ax is self.loss_ax else "lower right"
         ax.legend(handles=lines, loc=loc, fontsize=8)
-
-
-def _nothing_logged(run: Run) -> str:
-    return (
-        "nothing logged: log({'loss': loss}) on the Accelerator\n"
-        "or a Recorder draws the loss here, per rank and their mean"
-    )
 
 
 def _no_rate(run: Run, window: float | None) -> str:
