@@ -32,7 +32,13 @@ if TYPE_CHECKING:
     from .records import Run
 
 #: Counters the library records by itself, cumulative per rank; rates come from differences.
+#: ``MEMORY`` is not cumulative: a CUDA rank's GPU peak allocated, in MiB (2**20 bytes; the
+#: name's "mb" predates that care and stays, as exported records carry it).
 SAMPLES, STEPS, MEMORY = "nbaccel/samples", "nbaccel/optimizer_steps", "nbaccel/max_memory_mb"
+#: A rank's CPU memory: its process's resident set size (RSS) in MiB, a gauge read with the
+#: counters, every quarter second, never per step. The process alone: a DataLoader worker's
+#: pages are mostly shared with it (fork), and the kernel's OOM killer picks one process.
+RSS = "nbaccel/rss_mib"
 #: The number of steps the run expects (``Recorder(total_steps=...)``): the progress line's ETA.
 TOTAL_STEPS = "nbaccel/total_steps"
 #: Where each rank's time went (``breakdown.py``): cumulative seconds, recorded with the counters.

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..env import CHANNEL_VAR, PANEL_VAR, DistEnv, device_label
-from .channel import ACCUMULATION, MEMORY, SAMPLES, STEPS, TOTAL_STEPS, Channel, local_run
+from .channel import ACCUMULATION, MEMORY, RSS, SAMPLES, STEPS, TOTAL_STEPS, Channel, local_run
 from .records import Run
 
 if TYPE_CHECKING:
@@ -40,10 +40,14 @@ class Recorder:
         total_steps: the number of ``log`` calls to expect; the progress line shows an ETA.
         live: draw the view on the main process when nobody else does (``False``: only record),
             or a ``LiveView`` to draw into.
-        memory: a callable returning this rank's peak memory in MiB, sampled with the counters.
+        memory: a callable returning this rank's peak GPU memory in MiB, sampled with the
+            counters (``channel.MEMORY``).
         device: the device the loop trains on (the Accelerator's): it names the run's device
             unless a launcher's run did, and on CUDA gives ``memory`` (the peak allocated).
         clock: seconds for the quarter-second pace of the counters (tests pass their own).
+        rss: a callable returning this process's CPU memory (resident set size) in MiB, read
+            at every counters' interval, never per step (``channel.RSS``); tests pass their
+            own.
         breakdown: where this rank's time went (``breakdown``, the Accelerator's):
             its ``TIME_*`` counters are recorded with the others.
     """
@@ -56,6 +60,7 @@ class Recorder:
         clock: Callable[[], float] = time.monotonic,
         device: Any = None,
         breakdown: Breakdown | None = None,
+        rss: Callable[[], float | None] | None = None,
     ) -> None:
         env = DistEnv.from_environ()
         self.rank = env.rank
@@ -72,6 +77,7 @@ class Recorder:
         self._live = bool(live) and self.run is not None and env.rank == 0
         self._view: LiveView | None = None if isinstance(live, bool | int) else live
         self._memory = memory
+        self._rss = rss or _rss_mib
         self.breakdown = breakdown
         self.clock = clock
         self.samples = 0  # cumulative on this rank
@@ -156,15 +162,24 @@ class Recorder:
         self.tick()
 
     def _record_counters(self, last: bool = False) -> None:
+        # CPU memory is a gauge, not a count: recorded at every interval, counted or not, so
+        # a rank whose memory grows in a loop that counts nothing still shows it (and the
+        # report of a rank killed by SIGKILL has its last value: ``launch.memory``)
+        gauges = {} if (rss := self._rss()) is None else {RSS: rss}
         if not (self.samples or self.optimizer_steps):
-            return  # counted nothing (another recorder on this rank counts): a 0 is no rate
+            # counted nothing (another recorder on this rank counts): a 0 is no rate
+            if gauges:
+                self.channel.add(self.optimizer_steps, gauges)
+            return
         if (self.samples, self.optimizer_steps) == self._last_counters:
             # nothing new: a repeat would read as a rate of zero; the times' last word counts
             if last and self.breakdown is not None and (times := self.breakdown.counters()):
-                self.channel.add(self.optimizer_steps, times)
+                gauges.update(times)
+            if gauges:
+                self.channel.add(self.optimizer_steps, gauges)
             return
         self._last_counters = (self.samples, self.optimizer_steps)
-        counters = {SAMPLES: float(self.samples)}
+        counters = {SAMPLES: float(self.samples), **gauges}
         if self.optimizer_steps:  # a loop that counts no steps shows its log calls as steps
             counters[STEPS] = float(self.optimizer_steps)
         if self._memory is not None:
@@ -198,6 +213,17 @@ def _new_view() -> LiveView:
     from .live.view import LiveView
 
     return LiveView(save_png=os.environ.get(PANEL_VAR))
+
+
+def _rss_mib() -> float | None:
+    """This process's resident set size in MiB (about 20 us, read a few times a second); None
+    where the platform will not say. The process alone, not its children: see ``channel.RSS``."""
+    import psutil  # not at import time: a worker that never records need not load it
+
+    try:
+        return psutil.Process().memory_info().rss / 2**20
+    except (psutil.Error, OSError):
+        return None
 
 
 def _peak_memory_mb(device: Any) -> float:

@@ -1,0 +1,70 @@
+"""The recorder's CPU memory: this process's resident set size, read at the counters' quarter-
+second pace and never per step. The clock is the test's, so no verdict depends on speed."""
+
+from __future__ import annotations
+
+import psutil
+import torch
+
+from nbaccel import Recorder
+from nbaccel.observe.channel import MEMORY, RSS, SAMPLES
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rss_is_read_at_the_counters_interval_not_per_step():
+    clock, reads = Clock(), []
+
+    def rss() -> float:
+        reads.append(clock.now)
+        return 100.0 + len(reads)
+
+    recorder = Recorder(live=False, clock=clock, rss=rss)
+    for second in range(4):  # four quarter-second intervals of 50 steps each
+        clock.now = second * 0.25
+        for _ in range(50):
+            recorder.log({"loss": 1.0}, samples=8)
+    assert reads == [0.0, 0.25, 0.5, 0.75]  # 200 steps, 4 reads
+    values = recorder.run.series(RSS)[0][1]
+    assert values == [101.0, 102.0, 103.0, 104.0]
+    assert recorder.run.latest(SAMPLES) == {0: 8.0 * 151}  # the counters kept their pace too
+    assert recorder.run.latest(MEMORY) == {}  # the GPU peak is another counter, CUDA only
+
+
+def test_rss_is_a_gauge_recorded_even_when_nothing_new_was_counted():
+    clock = Clock()
+    recorder = Recorder(live=False, clock=clock, rss=lambda: 42.0)
+    recorder.log({"loss": 1.0})  # counts no samples: no counter, but the memory
+    clock.now = 0.25
+    recorder.log({"loss": 1.0}, samples=8)
+    clock.now = 0.5
+    recorder.log({"loss": 1.0})  # nothing new counted: no repeat of the samples, the memory
+    assert recorder.run.series(RSS)[0][1] == [42.0, 42.0, 42.0]
+    assert recorder.run.series(SAMPLES)[0][1] == [8.0]
+
+
+def test_rss_is_this_process_resident_set_size_in_mib():
+    clock = Clock()
+    recorder = Recorder(live=False, clock=clock)
+    recorder.log({"loss": 1.0}, samples=1)
+    before = recorder.run.latest(RSS)[0]
+    assert abs(before - psutil.Process().memory_info().rss / 2**20) < 50
+    block = torch.ones(50 * 2**20)  # 200 MiB, every page written, so resident
+    clock.now = 0.25
+    recorder.log({"loss": 1.0}, samples=1)
+    after = recorder.run.latest(RSS)[0]
+    del block
+    assert after - before >= 150, (before, after)
+
+
+def test_a_platform_that_will_not_say_records_no_rss():
+    recorder = Recorder(live=False, clock=Clock(), rss=lambda: None)
+    recorder.log({"loss": 1.0}, samples=1)
+    recorder.close()
+    assert recorder.run.latest(RSS) == {} and recorder.run.latest(SAMPLES) == {0: 1.0}
