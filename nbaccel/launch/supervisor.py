@@ -20,7 +20,7 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
@@ -32,6 +32,7 @@ from ..observe.records import Run
 from . import leftovers, results
 from .client import ForkServer, shared_server
 from .protocol import Exited, Failure, Message, Result, WorkerSpec, decode
+from .relay import Relay
 
 GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL when stopping workers
 
@@ -52,7 +53,6 @@ class _Rank:
     error: Failure | None = None
     metrics: socket.socket | None = None  # datagrams from the worker's channel.Channel
     signaled: bool = False  # still running when the launch began to stop the workers
-    partial: dict[int, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class Launch:
         self.run, self.view = run if run is not None else Run(), view
         self.id, self.marker = next(_launch_ids), os.urandom(8).hex()  # see leftovers.py
         self.ranks: list[_Rank] = []
+        self.relay = Relay(spec.output)
         self.failed_order: list[int] = []
         self.stopping_since: float | None = None
         self.killed = False
@@ -144,6 +145,8 @@ class Launch:
             self.ranks.append(
                 _Rank(int(env["RANK"]), out_r, err_r, Connection(ours.detach()), metrics=metrics)
             )
+            self.relay.add(out_r, self.ranks[-1].rank, "out")
+            self.relay.add(err_r, self.ranks[-1].rank, "err")
             worker_fds += [out_w, err_w, theirs.detach(), their_metrics.detach()]
             specs.append(WorkerSpec(env, os.getcwd(), list(sys.path), self.spec.threads, rank))
         try:
@@ -211,7 +214,7 @@ class Launch:
                     elif what == "metrics":
                         self._on_metrics(rank)
                     else:
-                        self._on_output(rank, what, selector)
+                        self._on_output(what, selector)
         finally:
             selector.close()
 
@@ -286,21 +289,11 @@ class Launch:
             if r.metrics is not None:
                 self._on_metrics(r)
 
-    def _on_output(self, r: _Rank, fd: int, selector) -> None:
+    def _on_output(self, fd: int, selector) -> None:
         data = os.read(fd, 65536)
-        buffered = r.partial.get(fd, b"") + data
-        *lines, rest = buffered.split(b"\n")
-        if not data:  # EOF: print what is left, stop watching
+        if not data:
             _forget(selector, fd)
-            lines, rest = ([rest] if rest else []), b""
-        r.partial[fd] = rest
-        if self.spec.output == "main" and r.rank != 0:
-            return
-        stream = sys.stdout if fd == r.out else sys.stderr
-        for line in lines:
-            print(f"[rank {r.rank}] {line.decode(errors='replace')}", file=stream)
-        if lines:
-            stream.flush()
+        self.relay.feed(fd, data)
 
     def _fail(self, r: _Rank, server: ForkServer) -> None:
         if r.rank not in self.failed_order:
