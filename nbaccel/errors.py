@@ -36,7 +36,7 @@ class RankFailure:
     pid: int | None = None
     exit_code: int | None = None  # negative: killed by signal -exit_code
     exc_type: str | None = None  # None: it died without a Python exception
-    message: str = ""
+    message: str = ""  # the exception's; for a killed rank, what the launcher found about it
     traceback: str = ""
     secondary: bool = False  # a collective failed because another rank was gone
 
@@ -51,7 +51,8 @@ class RankFailure:
                 name = signal.Signals(-self.exit_code).name
             except ValueError:
                 name = f"signal {-self.exit_code}"
-            return f"rank {self.rank} (pid {self.pid}) was killed by {name}"
+            killed = f"rank {self.rank} (pid {self.pid}) was killed by {name}"
+            return f"{killed}; {self.message}" if self.message else killed  # e.g. memory's hint
         note = f" {self.message}" if self.message else ""
         return f"rank {self.rank} (pid {self.pid}) exited with code {self.exit_code}{note}"
 
