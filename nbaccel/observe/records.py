@@ -139,6 +139,14 @@ class Run:
             for rank, rs in self._by_rank(name).items()
         }
 
+    def over_time(self, name: str) -> dict[int, tuple[list[float], list[float]]]:
+        """``{rank: (seconds since start, values)}`` for one metric, against the clock: how the
+        panel draws a gauge, each rank's CPU memory (``channel.RSS``)."""
+        return {
+            rank: ([r.time - self.started for r in rs], [r.value for r in rs])
+            for rank, rs in self._by_rank(name).items()
+        }
+
     def mean(self, name: str) -> tuple[list[int], list[float]]:
         """The metric averaged over the ranks that logged each step."""
         by_step: dict[int, list[float]] = {}

@@ -130,7 +130,7 @@ def test_the_live_view_shows_the_peak_gpu_memory():
     shown = accelerator.run.latest(MEMORY)
     assert list(shown) == [0]
     assert 64 <= shown[0] <= peak, (shown, peak)
-    assert f"max {shown[0]:,.0f} MB" in progress(accelerator.run)
+    assert f"GPU peak {shown[0]:,.0f} MiB" in progress(accelerator.run)
 
 
 def test_save_state_then_load_state_on_cuda_continues_bit_identically(tmp_path):

@@ -187,7 +187,7 @@ def check_panel(run: Run, cause: str) -> None:
     from nbaccel.observe.live.line import progress
     from nbaccel.observe.live.panel import figure
 
-    ax = figure(run).axes[2]
+    ax = figure(run).axes[3]
     parts = run.breakdown()
     widths = {c.get_label(): [bar.get_width() for bar in c.patches] for c in ax.containers}
     for part in ("data", "compute", "communication", "other"):

@@ -1,6 +1,7 @@
 """The progress line: one sentence about a run, the same in a terminal and atop the panel.
 
-    step 120/400 | 2 ranks on CPU | 1,830 samples/s (last 3 s) | 35 ms/step | loss 0.41 | 12 s
+    step 120/400 | 2 ranks on CPU | 1,830 samples/s (last 3 s) | 35 ms/step | loss 0.41 |
+    CPU RSS max 1,210 MiB | 12 s
 
 It reads only each rank's latest records (``records.Run``), so it costs the same however long
 the run is. This module imports no torch.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ..channel import ACCUMULATION, MEMORY, MIN_WINDOW_S, RATE_WINDOW_S, SAMPLES, STEPS
+from ..channel import ACCUMULATION, MEMORY, MIN_WINDOW_S, RATE_WINDOW_S, RSS, SAMPLES, STEPS
 
 if TYPE_CHECKING:
     from ..records import Run
@@ -46,8 +47,8 @@ def steps(run: Run) -> tuple[int | None, str, int | None]:
 
 def progress(run: Run, total_steps: int | None = None, now: float | None = None) -> str:
     """``step 120/400 | 2 ranks on CPU | 1,830 samples/s (last 3 s) | 35 ms/step | loss 0.41 |
-    12 s, ETA 3 s``, then ``| rank 1 is the straggler (data: others waited 3.2 s)`` when one
-    rank is waited for.
+    CPU RSS max 1,210 MiB | 12 s, ETA 3 s`` (the memory: ``memory_parts``), then ``| rank 1 is
+    the straggler (data: others waited 3.2 s)`` when one rank is waited for.
 
     While the run goes, the rate is every rank's samples over its last ``RATE_WINDOW_S``
     seconds (``Run.live_samples_per_s``); once it ended, the run's throughput over its training
@@ -83,9 +84,7 @@ def progress(run: Run, total_steps: int | None = None, now: float | None = None)
     if name:
         values = list(run.latest(name).values())
         parts.append(f"{name} {sum(values) / len(values):.4g}")
-    memory = run.latest(MEMORY)
-    if memory:
-        parts.append(f"max {max(memory.values()):,.0f} MB")
+    parts += memory_parts(run)
     elapsed = (run.finished or (time.time() if now is None else now)) - run.started
     clock = f"{elapsed:.0f} s"
     if total_steps and count and not run.finished:
@@ -95,6 +94,19 @@ def progress(run: Run, total_steps: int | None = None, now: float | None = None)
     if note:
         parts.append(note)
     return " | ".join(parts)
+
+
+def memory_parts(run: Run) -> list[str]:
+    """``GPU peak 1,234 MiB`` (the CUDA allocator's peak, ``channel.MEMORY``) and ``CPU RSS
+    2,345 MiB`` (the latest resident set size, ``channel.RSS``): the largest rank's of each,
+    "max" said when there are several ranks. MiB (2**20 bytes) here as on the panel."""
+    parts = []
+    for name, label in ((MEMORY, "GPU peak"), (RSS, "CPU RSS")):
+        values = run.latest(name)
+        if values:
+            most = " max" if len(values) > 1 and name == RSS else ""
+            parts.append(f"{label}{most} {max(values.values()):,.0f} MiB")
+    return parts
 
 
 def _rate(run: Run) -> str | None:

@@ -1,5 +1,6 @@
-"""The live panel: loss per rank and their mean, throughput per rank and in total, and where
-each rank's time goes (``bars``), in one matplotlib figure redrawn in place.
+"""The live panel: loss per rank and their mean, throughput per rank and in total, each rank's
+CPU memory, and where each rank's time goes (``bars``), in one matplotlib figure redrawn in
+place.
 
 matplotlib's object API draws it (no pyplot, so no backend and no stray figure at the end of
 the cell), and ``to_png`` renders it. The title is the progress line (``line``). This module
@@ -12,7 +13,7 @@ import bisect
 import io
 from typing import TYPE_CHECKING, Any
 
-from ..channel import MIN_RATE_SPAN_S, MIN_WINDOW_S, RATE_WINDOW_S, SAMPLES
+from ..channel import MIN_RATE_SPAN_S, MIN_WINDOW_S, RATE_WINDOW_S, RSS, SAMPLES
 from .bars import BreakdownBars
 from .line import loss_name, progress, steps
 
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
 
 def figure(run: Run, total_steps: int | None = None, now: float | None = None):
     """The panel as a matplotlib ``Figure``: loss per rank (faint) and mean (bold) against step;
-    samples/s per rank and in total against time; where each rank's time goes, if measured."""
+    samples/s per rank and in total against time; each rank's CPU memory (its resident set size,
+    in MiB) against time; where each rank's time goes, if measured."""
     panel = Panel()
     panel.update(run, total_steps, now)
     return panel.fig
@@ -46,7 +48,11 @@ NOTHING_LOGGED = (
     "nothing logged: log({'loss': loss}) on the Accelerator\n"
     "or a Recorder draws the loss here, per rank and their mean"
 )
+#: What the CPU memory's axes says while no rank recorded it.
+NO_MEMORY = "no CPU memory recorded:\nthe Accelerator or a\nRecorder records it"
 BOLD = {"lw": 2.2, "color": "black", "zorder": 3}  # the mean and the total, over the ranks
+#: The axes' widths: loss, throughput, and a narrower CPU memory; the breakdown adds its own.
+WIDTHS = (1, 1, 0.55)
 
 
 class Panel:
@@ -56,15 +62,19 @@ class Panel:
     def __init__(self) -> None:
         from matplotlib.figure import Figure
 
-        self.fig = Figure(figsize=(10, 3.4), dpi=80)  # no layout engine: it doubles the time
-        self.fig.subplots_adjust(left=0.07, right=0.98, bottom=0.15, top=0.8, wspace=0.22)
-        self.loss_ax, self.speed_ax = self.fig.subplots(1, 2)
+        self.fig = Figure(figsize=(12, 3.4), dpi=80)  # no layout engine: it doubles the time
+        self.fig.subplots_adjust(left=0.06, right=0.98, bottom=0.15, top=0.8, wspace=0.25)
+        self.loss_ax, self.speed_ax, self.memory_ax = self.fig.subplots(1, 3, width_ratios=WIDTHS)
         self.speed_ax.set(
             xlabel="seconds since the launch",
             ylabel="samples/s",
             title=f"throughput (each point: the last {RATE_WINDOW_S:.0f} s)",
         )
         self.loss_ax.set(xlabel="step", title="loss")
+        # the process's resident set size, not the GPU's peak (that one is on the line)
+        self.memory_ax.set(
+            xlabel="seconds since the launch", ylabel="MiB", title="CPU memory (RSS)"
+        )
         self.title = self.fig.suptitle("", fontsize=10)
         # what an axes with nothing to draw says instead (cleared once it has a curve)
         self._empty = {
@@ -79,7 +89,7 @@ class Panel:
                 color="0.35",
                 transform=ax.transAxes,
             )
-            for ax in (self.loss_ax, self.speed_ax)
+            for ax in (self.loss_ax, self.speed_ax, self.memory_ax)
         }
         self._lines: dict[tuple[Any, str], Any] = {}
         self.breakdown: BreakdownBars | None = None  # a third axes, once a rank has timed its loop
@@ -106,11 +116,18 @@ class Panel:
         self._empty[self.speed_ax].set_text("" if rates else _no_rate(run, window))
         drawn = bool(rates) or window is not None  # no ticks on an axes with nothing drawn
         self.speed_ax.tick_params(labelleft=drawn, labelbottom=drawn, left=drawn, bottom=drawn)
-        for ax in (self.loss_ax, self.speed_ax):
+        memory = run.over_time(RSS)
+        for rank, (times, values) in sorted(memory.items()):
+            self._line(self.memory_ax, f"rank {rank}", _thin(times, values), lw=1)
+        self._empty[self.memory_ax].set_text("" if memory else NO_MEMORY)
+        shown = bool(memory)
+        self.memory_ax.tick_params(labelleft=shown, labelbottom=shown, left=shown, bottom=shown)
+        for ax in (self.loss_ax, self.speed_ax, self.memory_ax):
             ax.set_autoscale_on(True)  # set_ylim below turned it off: fit the new data
             ax.relim()
             ax.autoscale_view()
         self.speed_ax.set_ylim(bottom=0)
+        self.memory_ax.set_ylim(bottom=0)  # the share of memory held, not its wiggles
         breakdown = run.breakdown()
         if breakdown:
             self._breakdown().update(breakdown, run.straggler())
@@ -118,14 +135,14 @@ class Panel:
 
     def _breakdown(self) -> BreakdownBars:
         """The breakdown's axes, made at the first breakdown: the figure widens to hold it
-        (a loop without the counters keeps the two-axes panel)."""
+        (a loop without the counters keeps the three-axes panel)."""
         if self.breakdown is None:
-            grid = self.fig.add_gridspec(1, 3, width_ratios=(1, 1, 0.8))
-            for ax, cell in zip((self.loss_ax, self.speed_ax), grid, strict=False):
+            grid = self.fig.add_gridspec(1, 4, width_ratios=(*WIDTHS, 0.8))
+            for ax, cell in zip((self.loss_ax, self.speed_ax, self.memory_ax), grid, strict=False):
                 ax.set_subplotspec(cell)
-            self.fig.set_size_inches(13, 3.4)
-            self.fig.subplots_adjust(left=0.055, right=0.985, wspace=0.25)
-            self.breakdown = BreakdownBars(self.fig.add_subplot(grid[2]))
+            self.fig.set_size_inches(15, 3.4)
+            self.fig.subplots_adjust(left=0.045, right=0.985, wspace=0.28)
+            self.breakdown = BreakdownBars(self.fig.add_subplot(grid[3]))
         return self.breakdown
 
     def png(self, run: Run, total_steps: int | None = None, now: float | None = None) -> bytes:

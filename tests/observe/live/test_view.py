@@ -11,6 +11,8 @@ from matplotlib.colors import to_rgb
 
 from nbaccel.observe.channel import (
     BREAKDOWN,
+    MEMORY,
+    RSS,
     SAMPLES,
     STEPS,
     TIME_COMMUNICATION,
@@ -20,7 +22,7 @@ from nbaccel.observe.channel import (
     Record,
 )
 from nbaccel.observe.live.line import progress
-from nbaccel.observe.live.panel import Panel, figure, png
+from nbaccel.observe.live.panel import NO_MEMORY, Panel, figure, png
 from nbaccel.observe.live.view import ConsoleFrontend, LiveView
 from nbaccel.observe.records import Run
 
@@ -150,12 +152,53 @@ def test_nothing_is_shown_before_anything_is_recorded(monkeypatch):
 
 def test_the_panel_plots_each_rank_faint_and_the_mean_bold():
     fig = figure(a_run())
-    loss_ax, speed_ax = fig.axes
+    loss_ax, speed_ax, memory_ax = fig.axes
+    assert len(memory_ax.lines) == 0  # no rank recorded its CPU memory
     assert [line.get_label() for line in loss_ax.lines] == ["rank 0", "rank 1", "mean"]
     assert loss_ax.lines[-1].get_linewidth() > loss_ax.lines[0].get_linewidth()
     assert [line.get_label() for line in speed_ax.lines] == ["rank 0", "rank 1", "total"]
     total = speed_ax.lines[-1].get_ydata()
     assert abs(max(total) - 2 * 320.0) < 0.01  # 32 samples per 0.1 s on each of two ranks
+
+
+def with_memory(run: Run) -> Run:
+    """``run`` with each rank's CPU memory recorded every quarter second: rank r at
+    1,000 * (r + 1) MiB, growing by 10 MiB a record."""
+    for rank in range(run.world_size):
+        run.add(
+            [
+                Record(rank, i, run.started + 0.25 * i, RSS, 1000.0 * (rank + 1) + 10 * i)
+                for i in range(8)
+            ]
+        )
+    return run
+
+
+def test_the_panel_draws_each_rank_cpu_memory_against_time_or_says_why_not():
+    panel = Panel()
+    panel.update(a_run(start=5000.0), now=5002.0)
+    texts = [t.get_text() for t in panel.memory_ax.texts]
+    assert NO_MEMORY in texts and "no CPU memory recorded" in NO_MEMORY
+    assert len(panel.memory_ax.lines) == 0
+    assert panel.memory_ax.get_title() == "CPU memory (RSS)"
+    panel.update(with_memory(a_run(start=5000.0)), now=5002.0)
+    assert all(t.get_text() == "" for t in panel.memory_ax.texts)
+    rank0, rank1 = panel.memory_ax.lines
+    assert (rank0.get_label(), rank1.get_label()) == ("rank 0", "rank 1")
+    assert list(rank1.get_xdata()) == [0.25 * i for i in range(8)]  # seconds since the launch
+    assert list(rank1.get_ydata()) == [2000.0 + 10 * i for i in range(8)]
+    assert panel.memory_ax.get_ylim()[0] == 0
+
+
+def test_the_line_says_which_memory_it_shows_in_mib():
+    run = a_run(start=5000.0)
+    assert "MiB" not in progress(run, now=5002.0)  # nothing recorded, nothing said
+    line = progress(with_memory(run), now=5002.0)
+    assert " | CPU RSS max 2,070 MiB | " in line  # the largest rank's latest
+    run.add([Record(0, 19, 5001.9, MEMORY, 512.0), Record(1, 19, 5001.9, MEMORY, 640.0)])
+    line = progress(run, now=5002.0)
+    assert " | GPU peak 640 MiB | CPU RSS max 2,070 MiB | " in line
+    assert " MB" not in line
 
 
 def test_progress_reads_like_a_sentence():
@@ -243,8 +286,8 @@ def bar_widths(ax) -> dict[str, list[float]]:
 
 def test_the_breakdown_is_one_stacked_bar_per_rank():
     fig = figure(timed_run(SLOW_DATA))
-    assert len(fig.axes) == 3
-    ax = fig.axes[2]
+    assert len(fig.axes) == 4
+    ax = fig.axes[3]
     assert bar_widths(ax) == {part: [SLOW_DATA[r][part] for r in (0, 1)] for part in BREAKDOWN}
     for rank in (0, 1):  # stacked: each part starts where the one before it ends
         lefts = [c.patches[rank].get_x() for c in ax.containers]
@@ -260,8 +303,8 @@ def test_the_breakdown_is_one_stacked_bar_per_rank():
 def test_a_loop_without_breakdown_counters_has_no_breakdown_axes():
     panel = Panel()
     panel.update(a_run())
-    assert panel.breakdown is None and len(panel.fig.axes) == 2
-    assert panel.fig.get_size_inches()[0] == 10  # the panel as before the breakdown
+    assert panel.breakdown is None and len(panel.fig.axes) == 3
+    assert panel.fig.get_size_inches()[0] == 12  # the panel as before the breakdown
 
 
 def test_the_bars_follow_the_run_and_a_rank_heard_late():
@@ -299,7 +342,7 @@ def test_the_progress_line_and_the_panel_name_the_straggler():
     assert line.endswith(
         f" | 10 s | rank 1 is the straggler (data: others waited {straggler.waited:.1f} s)"
     )
-    ax = figure(run).axes[2]
+    ax = figure(run).axes[3]
     rank0, rank1 = ax.get_yticklabels()
     assert rank1.get_fontweight() == "bold" and rank0.get_fontweight() == "normal"
 
@@ -309,5 +352,5 @@ def test_balanced_ranks_have_no_straggler():
     run = timed_run({0: even, 1: even}, records=40)
     assert run.straggler() is None
     assert "straggler" not in progress(run, now=5010.0)
-    ax = figure(run).axes[2]
+    ax = figure(run).axes[3]
     assert {label.get_fontweight() for label in ax.get_yticklabels()} == {"normal"}
