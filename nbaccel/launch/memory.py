@@ -103,6 +103,8 @@ def _hint(
     if limit is not None:
         facts.append(f"the cgroup's memory limit is {limit:,.0f} MiB")
     ceiling = limit if limit is not None else (now[1] if now is not None else None)
+    # RSS counts the pages a rank shares with the fork server (torch's code, some 200 MiB) once
+    # per rank: the sum overstates a little, which the 80% line leaves room for
     share = sum(rss.values()) / ceiling if rss and ceiling else None
     if kills is not None and start.oom_kills is not None and kills > start.oom_kills:
         n = kills - start.oom_kills
