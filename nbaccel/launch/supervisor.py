@@ -20,21 +20,25 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 from ..env import LAUNCH_VAR, STACKS_VAR
-from ..errors import LaunchError, RankFailure, by_priority, root_cause_report
+from ..errors import LaunchError
 from ..observe.channel import decode as decode_records
 from ..observe.hang import Report, Stall, ask
 from ..observe.records import Run
-from . import leftovers, results
+from . import leftovers, memory, verdict
 from .client import ForkServer, shared_server
 from .protocol import Exited, Failure, Message, Result, WorkerSpec, decode
 from .relay import Relay
 
 GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL when stopping workers
+# How long a rank that lost a peer in a collective waits before the others are stopped: the
+# peer that left may still be on its way to say why (a `finally` that ended its process group
+# before its exception reached nbaccel). Only a hang lasts this long.
+PEER_REPORT_SECONDS = 3.0
 
 
 # -- one launch ----------------------------------------------------------------------------------
@@ -89,18 +93,25 @@ class Launch:
         self.relay = Relay(spec.output)
         self.failed_order: list[int] = []
         self.stopping_since: float | None = None
+        self.waiting_since: float | None = None  # a collective failed: for the peers' reports
         self.killed = False
         self.timed_out = False
         self.server_died, self.server_pid = False, None  # the server that started them
         self.stacks_dir: str | None = None  # where the ranks answer stack requests
         self.stall = Stall(spec.stall_warning)
         self.found: Report | None = None  # where the ranks were when the timeout struck
+        self.memory_start = memory.snapshot()  # to tell an out-of-memory kill (memory.py)
 
     def execute(self) -> list[Any]:
         server = shared_server() if self.spec.start_method == "forkserver" else ForkServer()
         try:
             try:
                 self._start(server)
+            except KeyboardInterrupt:
+                server.close()  # mid-message, perhaps: the next launch starts a new server
+                print("nbaccel: interrupted while the workers started; they were stopped.",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                raise
             except (EOFError, OSError) as err:
                 raise LaunchError(
                     f"nbaccel's fork server (pid {server.process.pid}) stopped while starting "
@@ -115,12 +126,13 @@ class Launch:
                 finally:
                     self._stop(server)
                     self._supervise(server)
+                self.relay.end_line()
                 print(f"nbaccel: interrupted; the workers were stopped. {found}", file=sys.stderr)
                 sys.stderr.flush()
                 raise
             finally:
                 self._drain_metrics()
-            return self._outcome()
+            return verdict.outcome(self)
         finally:
             self.run.finished = time.time()
             self._finish(server)
@@ -181,20 +193,7 @@ class Launch:
                     drain_until = drain_until or now + 1.0  # late output from a dying process
                     if now > drain_until or not self._open_streams(selector):
                         return
-                timeout = self.spec.timeout
-                if timeout is not None and now - started > timeout and not self.stopping_since:
-                    self.timed_out = True
-                    self.found = self._where()  # before anyone is stopped
-                    self._stop(server)
-                if not self.stopping_since:
-                    self._check_stall(now)
-                if (
-                    self.stopping_since
-                    and not self.killed
-                    and now - self.stopping_since > GRACE_SECONDS
-                ):
-                    server.signal(self.id, signal.SIGKILL)
-                    self.killed = True
+                self._on_clock(now, now - started, server)
                 if self.view is not None:
                     self.view.update(self.run)
                 while server.pending:
@@ -217,6 +216,23 @@ class Launch:
                         self._on_output(what, selector)
         finally:
             selector.close()
+            self.relay.close()  # a bar still open ends its line before anything else prints
+
+    def _on_clock(self, now: float, elapsed: float, server: ForkServer) -> None:
+        """What the time alone decides: the timeout, the wait for a peer's report, the stall
+        warning, and SIGKILL for ranks that outlived the grace after SIGTERM."""
+        timeout = self.spec.timeout
+        if timeout is not None and elapsed > timeout and not self.stopping_since:
+            self.timed_out = True
+            self.found = self._where()  # before anyone is stopped
+            self._stop(server, now)
+        if not self.stopping_since:
+            self._check_stall(now)
+            if self.waiting_since and now - self.waiting_since > PEER_REPORT_SECONDS:
+                self._stop(server, now)
+        if self.stopping_since and not self.killed and now - self.stopping_since > GRACE_SECONDS:
+            server.signal(self.id, signal.SIGKILL)
+            self.killed = True
 
     def _open_streams(self, selector) -> bool:
         return any(isinstance(key.data[1], int) for key in selector.get_map().values())
@@ -231,7 +247,7 @@ class Launch:
                 while r.channel in _watched(selector) and r.channel.poll(0):
                     self._on_channel(r, selector, server)
                 if r.exit_code != 0 or r.result is None:
-                    self._fail(r, server)
+                    self._fail(r, server, selector)
 
     def _on_server_death(self) -> None:
         self.server_died = True
@@ -249,7 +265,7 @@ class Launch:
             r.result = message
         elif isinstance(message, Failure):
             r.error = message
-            self._fail(r, server)
+            self._fail(r, server, selector)
 
     def _on_metrics(self, r: _Rank) -> None:
         while True:
@@ -264,8 +280,12 @@ class Launch:
                 self.stall.heard_from(rank, time.monotonic())
 
     def _running(self) -> list[int]:
-        """Ranks that have not finished: neither returned nor exited."""
-        return [r.rank for r in self.ranks if r.exit_code is None and r.result is None]
+        """Ranks that have not finished: neither returned, failed nor exited."""
+        return [
+            r.rank
+            for r in self.ranks
+            if r.exit_code is None and r.result is None and r.rank not in self.failed_order
+        ]
 
     def _where(self) -> Report:
         """Where every rank that has not finished is (a fraction of a second at most)."""
@@ -276,6 +296,7 @@ class Launch:
     def _check_stall(self, now: float) -> None:
         quiet = self.stall.quiet(self._running(), now)
         if quiet:
+            self.relay.end_line()
             print(
                 f"nbaccel: no step, sample or log from ranks {quiet} for "
                 f"{self.stall.seconds:g} s; they are still running, nothing was stopped. "
@@ -295,15 +316,36 @@ class Launch:
             _forget(selector, fd)
         self.relay.feed(fd, data)
 
-    def _fail(self, r: _Rank, server: ForkServer) -> None:
-        if r.rank not in self.failed_order:
-            self.failed_order.append(r.rank)
-        self._stop(server)
-
-    def _stop(self, server: ForkServer) -> None:
+    def _fail(self, r: _Rank, server: ForkServer, selector) -> None:
+        """A rank failed. A real error stops everyone at once. A rank that only lost a peer in
+        a collective waits for that peer's own report: whatever the order the two arrive in,
+        the peer's is the root cause, and a SIGTERM must not cut it short."""
+        if r.rank in self.failed_order:
+            return
+        self.failed_order.append(r.rank)
         if self.stopping_since is not None:
             return
-        self.stopping_since = time.monotonic()
+        if self._lost_a_peer(r):
+            # What the peers sent before this rank failed is in their sockets already: read it.
+            for other in self.ranks:
+                while other.channel in _watched(selector) and other.channel.poll(0):
+                    self._on_channel(other, selector, server)
+        if self.stopping_since is not None:
+            return
+        real = not all(self._lost_a_peer(f) for f in self.ranks if f.rank in self.failed_order)
+        if real or not self._running():  # or everyone has spoken: stop those in their cleanup
+            self._stop(server)
+        else:
+            self.waiting_since = self.waiting_since or time.monotonic()
+
+    @staticmethod
+    def _lost_a_peer(r: _Rank) -> bool:
+        return r.error is not None and r.error.collective
+
+    def _stop(self, server: ForkServer, now: float | None = None) -> None:
+        if self.stopping_since is not None:
+            return
+        self.stopping_since = time.monotonic() if now is None else now
         for r in self.ranks:
             if r.exit_code is None and r.rank not in self.failed_order:
                 r.signaled = True
@@ -311,53 +353,6 @@ class Launch:
             server.signal(self.id, signal.SIGTERM)
         except OSError:
             self._on_server_death()
-
-    def _outcome(self) -> list[Any]:
-        if not self.failed_order and not self.timed_out and not self.server_died:
-            return results.collect(self.ranks, self.spec.return_all, self.run)
-        failures = self.run.failures = self._failures()
-        if self.timed_out and not any(f.exc_type for f in failures if not f.secondary):
-            late = [r.rank for r in self.ranks if r.signaled]
-            found = self.found or "A rank stuck in a collective usually means another skipped it."
-            raise LaunchError(
-                f"timeout: ranks {late} had not finished after {self.spec.timeout:g} s and were "
-                f"stopped. {found}",
-                failures,
-                self.run,
-                stacks=self.found.stacks if self.found else None,
-            ) from None
-        if self.server_died and not any(f.exc_type for f in failures if not f.secondary):
-            raise LaunchError(leftovers.lost_server(self), failures, self.run)
-        stopped = {f.rank for f in failures if self._by_us(f)}
-        finished = [r.rank for r in self.ranks if self._returned(r.rank)]
-        report = root_cause_report(failures, stopped, finished)
-        raise LaunchError(report, failures, self.run) from None
-
-    def _returned(self, rank: int) -> bool:
-        return any(r.rank == rank and r.result is not None for r in self.ranks)
-
-    def _by_us(self, f: RankFailure) -> bool:
-        """Died of our SIGTERM, or of our SIGKILL once we sent one (not of its own doing)."""
-        r = next(r for r in self.ranks if r.rank == f.rank)
-        ours = {-signal.SIGTERM} | ({-signal.SIGKILL} if self.killed else set())
-        return r.signaled and r.exit_code in ours
-
-    def _failures(self) -> list[RankFailure]:
-        failures = []
-        for r in self.ranks:
-            if r.error is not None:
-                exc, secondary, code = r.error.exception, r.error.collective, r.error.exit_code
-                failures.append(
-                    RankFailure(r.rank, r.pid, r.exit_code if code is None else code, exc.type,
-                                exc.message, exc.format(), secondary=secondary)
-                )  # fmt: skip
-            elif r.exit_code not in (0, None) or (r.exit_code == 0 and r.result is None):
-                note = "without returning a result" if r.exit_code == 0 else ""
-                failures.append(RankFailure(r.rank, r.pid, r.exit_code, message=note))
-        failures = [replace(f, secondary=f.secondary or self._by_us(f)) for f in failures]
-        # A rank that returned its value and was stopped while leaving did nothing wrong.
-        failures = [f for f in failures if not (self._returned(f.rank) and self._by_us(f))]
-        return by_priority(failures, self.failed_order)
 
     def _finish(self, server: ForkServer) -> None:
         if any(r.exit_code is None for r in self.ranks):  # an error inside the launcher itself

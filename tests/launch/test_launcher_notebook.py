@@ -114,6 +114,34 @@ def test_interrupt_stops_the_workers_and_keeps_the_kernel(kernel):
     )
 
 
+SLOW_START = """
+from nbaccel.launch import client
+real_start = client.ForkServer.start
+def slow_start(self, *args):  # a first launch's server, still importing torch
+    global server_pid
+    server_pid = self.process.pid
+    print("server starting", flush=True)
+    time.sleep(600)
+client._close_servers()  # the next launch starts a new server
+client.ForkServer.start = slow_start
+"""
+
+
+def test_stopping_while_the_server_starts_says_interrupted_and_the_next_launch_works(kernel):
+    kernel.run(SLOW_START)
+    msg_id = kernel.start("notebook_launcher(train, args=(Scaler(1.0),), num_processes=2)")
+    kernel.wait_for_output("server starting")
+    kernel.manager.interrupt_kernel()  # Jupyter's stop button
+    out = kernel.finish(msg_id)
+    assert out.error["ename"] == "KeyboardInterrupt"
+    assert "nbaccel: interrupted while the workers started; they were stopped." in out.stderr
+    gone = kernel.run("client.ForkServer.start = real_start\nimport psutil\n"
+                      "not psutil.pid_exists(server_pid)")  # fmt: skip
+    assert gone.value == "True", gone  # the half-started server was closed, not reused
+    out = kernel.run("notebook_launcher(train, args=(Scaler(1.0),), num_processes=2)")
+    assert out.error is None and out.value == "3.0", out.error
+
+
 HANGS = """
 import torch.distributed as dist
 from nbaccel import PartialState
