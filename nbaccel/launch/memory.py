@@ -96,7 +96,7 @@ def _hint(
         if len(rss) > 1:
             mine += f" ({sum(rss.values()):,.0f} MiB for all {len(rss)} ranks)"
     else:
-        mine = "it recorded no memory (no Recorder or Accelerator ran)"
+        mine = "it recorded no CPU memory before it died (an Accelerator records it every 0.25 s)"
     facts = [mine]
     if now is not None:
         facts.append(f"the machine has {now[0]:,.0f} MiB available now of {now[1]:,.0f} MiB")

@@ -92,11 +92,11 @@ def test_a_rank_that_recorded_nothing_and_nothing_readable_never_raise(tmp_path)
 
     hint = killed_hint(3, Run(world_size=4), start, cgroup=missing, machine=broken)
     assert hint.startswith("whether memory was the cause cannot be told from here.")
-    assert "it recorded no memory (no Recorder or Accelerator ran)" in hint
+    assert "it recorded no CPU memory before it died" in hint
     assert "available" not in hint  # the machine's part dropped, the rest kept
     # other ranks' memory without this rank's still weighs in the verdict
     hint = killed_hint(3, a_run(r0=15 * GIB), start, cgroup=missing, machine=machine())
-    assert hint.startswith("likely out of memory") and "it recorded no memory" in hint
+    assert hint.startswith("likely out of memory") and "it recorded no CPU memory" in hint
 
 
 def test_a_run_or_a_reader_that_breaks_still_gives_a_hint(tmp_path, monkeypatch):
@@ -105,7 +105,7 @@ def test_a_run_or_a_reader_that_breaks_still_gives_a_hint(tmp_path, monkeypatch)
             raise RuntimeError("records unreadable")
 
     hint = killed_hint(0, Broken(), Snapshot(None), cgroup=tmp_path, machine=machine())
-    assert "it recorded no memory" in hint
+    assert "it recorded no CPU memory" in hint
 
     def unreadable(cgroup):
         raise RuntimeError("a bug in a reader")
