@@ -53,6 +53,8 @@ class RankFailure:
                 name = f"signal {-self.exit_code}"
             killed = f"rank {self.rank} (pid {self.pid}) was killed by {name}"
             return f"{killed}; {self.message}" if self.message else killed  # e.g. memory's hint
+        if self.exit_code is None:  # its exit was never seen; the message says why
+            return f"rank {self.rank} (pid {self.pid}) {self.message}"
         note = f" {self.message}" if self.message else ""
         return f"rank {self.rank} (pid {self.pid}) exited with code {self.exit_code}{note}"
 

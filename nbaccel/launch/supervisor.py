@@ -57,6 +57,7 @@ class _Rank:
     error: Failure | None = None
     metrics: socket.socket | None = None  # datagrams from the worker's channel.Channel
     signaled: bool = False  # still running when the launch began to stop the workers
+    unseen: bool = False  # its exit was never reported: its fork server died first
 
 
 @dataclass(frozen=True)
@@ -250,10 +251,12 @@ class Launch:
                     self._fail(r, server, selector)
 
     def _on_server_death(self) -> None:
+        """The server that would report the exits is gone: no exit is seen from now on. The
+        ranks die with it (a parent-death signal); the sweep ends any that did not, by pid."""
         self.server_died = True
         for r in self.ranks:
             if r.exit_code is None:
-                r.exit_code = -signal.SIGKILL
+                r.exit_code, r.unseen = -signal.SIGKILL, True
 
     def _on_channel(self, r: _Rank, selector, server: ForkServer) -> None:
         try:

@@ -63,6 +63,9 @@ def _failures(launch: Launch) -> list[RankFailure]:
                 RankFailure(r.rank, r.pid, r.exit_code if code is None else code, exc.type,
                             exc.message, exc.format(), secondary=secondary)
             )  # fmt: skip
+        elif r.unseen:  # reported as what was seen, not as a death nobody saw
+            unseen = "was not seen to exit: its fork server died first (it dies with the server)"
+            failures.append(RankFailure(r.rank, r.pid, None, message=unseen))
         elif r.exit_code not in (0, None) or (r.exit_code == 0 and r.result is None):
             note = "without returning a result" if r.exit_code == 0 else ""
             failures.append(RankFailure(r.rank, r.pid, r.exit_code, message=note))

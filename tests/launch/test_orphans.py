@@ -77,6 +77,9 @@ def test_workers_die_with_their_fork_server(tmp_path, monkeypatch):
     work = sleeper(str(tmp_path))
     error, facts = launch_then_kill_the_server(work, tmp_path)
     assert re.search(r"fork server \(pid \d+\) died while ranks \[0, 1\] ran", str(error))
+    # what the launcher saw, not a death it did not see (it once said "killed by SIGKILL")
+    assert [(f.rank, f.exit_code) for f in error.failures] == [(0, None), (1, None)]
+    assert all("was not seen to exit" in f.describe() for f in error.failures)
     workers = [int(f[0]) for f in facts]
     assert len({f[1] for f in facts}) == 1  # one parent: the server that was killed
     processes = []
