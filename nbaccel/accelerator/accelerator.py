@@ -12,7 +12,8 @@ method is written here or found by one of these names:
 * The process facts (``rank``, ``device``, ...), ``print``, the barriers, the ``on_*_process``
   decorators and the collectives (``gather``, ``reduce``, ...) come from the base class
   ``PartialState`` (``state.py``); the file methods (``save``, ``save_state``, ``load_state``,
-  ...) are the functions of ``saving.py``.
+  ...) are the functions of ``saving.py``, and the numbers' (``log``, ``init_trackers``) of
+  ``tracking.py``.
 
 No hidden globals: two Accelerators in one process share nothing, except what torch itself keeps
 process-wide: the default process group (created by the first Accelerator that needs it, shared,
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,7 +37,7 @@ from ..env import DistEnv
 from ..observe import breakdown
 from ..observe.rank_recorder import Recorder
 from ..observe.trackers.log_with import Trackers
-from . import collectives, saving
+from . import collectives, saving, tracking
 from .accumulation import AccumulationWindow, GradientAccumulationPlugin, accumulation_plugin
 from .data.loader import LoopState, PreparedDataLoader
 from .data.sharding import DataLoaderConfiguration, prepare_dataloader
@@ -307,54 +308,14 @@ class Accelerator(PartialState):
         with self._collective("gather_for_metrics"):
             return collectives.gather_for_metrics(input_data, self._loop, use_gather_object)
 
-    # -- the live view and the experiment trackers ---------------------------------------------
-    def log(
-        self, values: Mapping[str, Any], step: int | None = None, log_kwargs: dict | None = None
-    ) -> None:
-        """Send numbers (floats, ints, 0-d tensors) to the live view, on every rank, and
-        ``values`` to the trackers ``init_trackers`` started (strings too: TensorBoard text).
-
-        ``step`` defaults, in the live view, to the number of earlier ``log`` calls on this
-        rank; in the trackers, to the optimizer steps taken (counted on across ``load_state``).
-        ``log_kwargs``: per tracker, ``{"wandb": {...}}``. Never blocks training.
-        """
-        if not self._trackers.chosen:
-            self.recorder.log(values, step)
-            return
-        other = {k: v for k, v in values.items() if isinstance(v, str | Mapping)}  # trackers'
-        numbers = self.recorder.log({k: v for k, v in values.items() if k not in other}, step)
-        steps = self._steps_before + self.recorder.optimizer_steps
-        self._trackers.log({**numbers, **other}, steps if step is None else step, log_kwargs)
-
-    def init_trackers(
-        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
-    ) -> None:
-        """Start the ``log_with`` trackers for a run named ``project_name`` (on the main
-        process), recording ``config``, the hyperparameters; ``init_kwargs`` go to each
-        library, e.g. ``{"wandb": {"entity": "me"}}``. Every rank may call it."""
-        self._trackers.start(project_name, config, init_kwargs, self.is_main_process)
-
+    # -- the live view and the experiment trackers (tracking.py's functions) ----------------
+    log = tracking.log
+    init_trackers = tracking.init_trackers
+    get_tracker = tracking.get_tracker
     tracker = property(lambda self: self.recorder, doc="``recorder``'s old name.")
-
-    @property
-    def trackers(self) -> list:
-        return list(self._trackers.started)
-
-    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The started tracker ``name`` (``unwrap``: the library's own object: the
-        SummaryWriter, the MlflowClient, the wandb run); on other ranks one that does nothing."""
-        return self._trackers.get(name, unwrap)
-
-    @property
-    def total_steps(self) -> int | None:
-        """The batches the loop will take (e.g. ``epochs * len(loader)``): the progress line's
-        total and ETA, counted as its steps are (batches; ``/ K`` if only optimizer steps log)."""
-        return self._total_steps
-
-    @total_steps.setter
-    def total_steps(self, value: int) -> None:
-        self.recorder.accumulation = self.gradient_accumulation_steps
-        self._total_steps = self.recorder.total_steps = value
+    trackers = property(lambda self: list(self._trackers.started), doc="The started trackers.")
+    total_steps = property(tracking.get_total_steps, tracking.set_total_steps,
+                           doc=tracking.get_total_steps.__doc__)  # fmt: skip
 
     # -- models and files (the files' methods call saving.py) ------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True):
