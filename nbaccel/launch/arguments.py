@@ -73,6 +73,13 @@ def check_options(**options: Any) -> None:
         raise ValueError('master_addr="" names no machine: use "127.0.0.1" (one machine)')
 
 
+# What notebook_launcher's rendezvous is, by the names torch elastic and Accelerate give it.
+# Accelerate's notebook_launcher passes "c10d" to torch's elastic launcher with min_nodes equal
+# to max_nodes: a fixed number of nodes meeting at master_addr:master_port, which is what this
+# launcher's own (authenticated) store does, so both names mean it here.
+RENDEZVOUS = ("static", "c10d")
+
+
 def check_notebook_launch(
     config: LaunchConfig, start_method: Any, monitor_interval: Any, rdzv_backend: Any
 ) -> None:
@@ -89,13 +96,14 @@ def check_notebook_launch(
         )
     check_seconds("monitor_interval", monitor_interval, "0.1")
     if not isinstance(rdzv_backend, str):
-        raise TypeError(f'rdzv_backend={rdzv_backend!r} must be a string: use "static"')
-    if rdzv_backend != "static":
+        raise TypeError(f'rdzv_backend={rdzv_backend!r} must be a string: "static" or "c10d"')
+    if rdzv_backend not in RENDEZVOUS:
         raise ValueError(
-            f"rdzv_backend={rdzv_backend!r}: notebook_launcher's rendezvous is static (this "
-            'process hosts the store, the world size is fixed), so it takes only "static". '
-            "Elastic rendezvous, where nodes may join and leave, is torchrun's: run a script "
-            f"with `nbaccel launch` (torchrun underneath), or drop rdzv_backend here."
+            f"rdzv_backend={rdzv_backend!r}: notebook_launcher's workers meet at a store this "
+            'process hosts, with a fixed world size: "static", or "c10d" as Accelerate\'s '
+            "notebook_launcher uses it (the same meeting, on a fixed number of nodes). A "
+            "rendezvous where nodes join and leave is torchrun's: run a script with `nbaccel "
+            "launch` (torchrun underneath), or drop rdzv_backend here."
         )
     if (start_method or "forkserver") not in START_METHODS:
         raise ValueError(f"start_method={start_method!r} is not one of {START_METHODS}")

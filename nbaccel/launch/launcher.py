@@ -84,7 +84,7 @@ def notebook_launcher(
     zero_stage: int | None = None,
     max_restarts: int = 0,
     monitor_interval: float = 0.1,
-    rdzv_backend: Literal["static"] = "static",
+    rdzv_backend: Literal["static", "c10d"] = "static",
     stall_warning: float | None = 60.0,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers; return rank 0's value.
@@ -141,13 +141,16 @@ def notebook_launcher(
             agent polls at this interval (default 0.1 s too). Unlike that agent's, a worker's
             exit or error is heard the moment it happens, not at the next check. One process
             running in this process has nothing to check.
-        rdzv_backend: only ``"static"``, what this launcher does: the launching process hosts
-            the store the workers meet at, with a fixed world size. Elastic rendezvous
-            (``"c10d"``, ``"etcd"``), where nodes may join and leave, is torchrun's: use
-            ``nbaccel launch``.
+        rdzv_backend: ``"static"``: the launching process hosts the store the workers meet
+            at, with a fixed world size. ``"c10d"`` is taken as Hugging Face Accelerate's
+            ``notebook_launcher`` uses it (a fixed number of nodes meeting at ``master_addr``)
+            and means the same here. A rendezvous where nodes join and leave (elastic
+            ``min:max`` nodes, ``"etcd"``) is torchrun's: use ``nbaccel launch``.
 
     Raises:
-        LaunchError: a worker raised, died, or timed out; the message holds its traceback
+        LaunchError: a worker raised, died, or timed out (also torch's ``ChildFailedError``,
+            so code written for torchrun or Accelerate that catches it works unchanged); the
+            message holds its traceback
             (with ``max_restarts``, the last attempt's, after a line per earlier attempt).
             Also a returned value that cannot be rebuilt in this process (a prepared model):
             the error names the rank and the value's type, says what to return instead, and
@@ -276,7 +279,8 @@ def _attempts_error(err: LaunchError, earlier: list[str], last, max_restarts: in
         )
     lines = [f"{header}.", *(f"  attempt {i}: {c}" for i, c in enumerate(earlier, 1))]
     lines += ["", f"attempt {made}: {err}"]
-    return LaunchError("\n".join(lines), err.failures, err.run, results=err.results)
+    # the same class as the last attempt's (a worker failure is also torch's ChildFailedError)
+    return type(err)("\n".join(lines), err.failures, err.run, results=err.results)
 
 
 _launch_lock = threading.Lock()  # process-wide: one launch at a time per kernel

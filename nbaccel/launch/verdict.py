@@ -12,7 +12,7 @@ import signal
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..errors import LaunchError, RankFailure, by_priority, root_cause_report
+from ..errors import RankFailure, by_priority, root_cause_report
 from . import leftovers, memory, results
 
 if TYPE_CHECKING:
@@ -20,9 +20,12 @@ if TYPE_CHECKING:
 
 
 def outcome(launch: Launch) -> list[Any]:
-    """The launch's values, or raise the ``LaunchError`` that says what went wrong."""
+    """The launch's values, or raise the ``LaunchError`` that says what went wrong (also
+    torch's ``ChildFailedError``: ``child_failed.py``)."""
     if not launch.failed_order and not launch.timed_out and not launch.server_died:
         return results.collect(launch.ranks, launch.spec.return_all, launch.run)
+    from .child_failed import LaunchError  # imports torch, loaded by now: not at import time
+
     failures = launch.run.failures = _failures(launch)
     real = any(f.exc_type for f in failures if not f.secondary)
     if launch.timed_out and not real:

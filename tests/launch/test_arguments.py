@@ -84,7 +84,7 @@ def test_args_must_be_a_tuple(nothing_starts, args):
         ("stall_warning", "1m", TypeError, r"stall_warning='1m' must be a number of seconds"),
         ("max_restarts", -1, ValueError, r"max_restarts=-1 must be 0 \(no restarts\) or more"),
         ("master_port", "29500", TypeError, r"master_port='29500' must be an int, e.g. 29500"),
-        ("rdzv_backend", "c10d", ValueError, r"rdzv_backend='c10d'"),
+        ("rdzv_backend", "etcd", ValueError, r"rdzv_backend='etcd'"),
         ("zero_stage", 4, ValueError, r"zero_stage=4 must be 0, 1, 2, 3"),
     ],
 )

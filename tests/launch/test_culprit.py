@@ -202,3 +202,18 @@ def test_a_sigkill_is_the_ranks_own_unless_nbaccel_sent_one():
     h.launch.killed = True  # had we sent SIGKILL ourselves, rank 1 would be our doing
     assert verdict._failures(h.launch)[1].secondary
     assert "rank 1 (pid 1001) was killed by SIGKILL (stopped by nbaccel)" in str(h.error())
+
+
+def test_the_error_is_also_torchs_child_failed_error_for_code_written_for_torchrun():
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    h = Harness()
+    h.sent(1, RAISED)
+    h.read(1)
+    h.exited(1, 1)
+    h.exited(0, -signal.SIGTERM)
+    err = h.error()
+    assert isinstance(err, ChildFailedError) and type(err).__name__ == "LaunchError"
+    rank, failure = err.get_first_failure()  # torch's own accessor
+    assert rank == 1 and failure.message.startswith("rank 1 (pid 1001) raised ValueError")
+    assert [f.rank for f in err.failures] == [1, 0]  # nbaccel's list, root cause first

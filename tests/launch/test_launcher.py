@@ -345,6 +345,9 @@ def test_a_rank_that_leaves_while_its_peer_waits_in_a_collective_is_named(leave)
     expected = "raised ValueError: bad batch" if leave == "finally" else "exited with code 3"
     assert first.startswith("rank 1 (pid ") and first.endswith(expected), first
     assert [f.rank for f in err.failures] == [1, 0]  # rank 0 lost it, or was stopped waiting
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    assert isinstance(err, ChildFailedError)  # what code written for torchrun catches
 
 
 def test_ranks_that_run_different_numbers_of_steps_are_told_so():

@@ -149,6 +149,18 @@ def test_monitor_interval_paces_the_supervisors_checks(monkeypatch):
     assert waits and set(waits) == {0.25}
 
 
+def test_c10d_as_accelerates_notebook_launcher_passes_it_meets_as_static_does():
+    def world():
+        import torch.distributed as dist
+
+        from nbaccel import PartialState
+
+        PartialState()
+        return dist.get_world_size()
+
+    assert notebook_launcher(world, num_processes=2, rdzv_backend="c10d", timeout=HANG) == 2
+
+
 @pytest.mark.parametrize(
     "given, error, match",
     [
@@ -164,7 +176,7 @@ def test_monitor_interval_paces_the_supervisors_checks(monkeypatch):
         ({"monitor_interval": 0}, ValueError, r"monitor_interval=0 must be a positive, finite"),
         ({"monitor_interval": float("nan")}, ValueError, r"monitor_interval=nan must be"),
         ({"monitor_interval": float("inf")}, ValueError, r"monitor_interval=inf must be"),
-        ({"rdzv_backend": "c10d"}, ValueError, r"rendezvous is static.*torchrun's.*nbaccel launch"),
+        ({"rdzv_backend": "etcd"}, ValueError, r"fixed world size.*torchrun's.*nbaccel launch"),
         ({"rdzv_backend": None}, TypeError, r"rdzv_backend=None must be a string"),
     ],
 )
