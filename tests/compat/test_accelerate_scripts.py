@@ -75,6 +75,8 @@ ALL_CASES = [
     "test_notebook::test_clean_cuda_fork",
     "test_notebook::test_static_rdzv_backend",
     "test_notebook::test_c10d_rdzv_backend",
+    "test_notebook::test_monitoring",
+    "test_notebook::test_c10d_rdzv_backend",
     "test_notebook::test_fault_tolerant",
     "test_notebook::test_monitoring",
 ]
