@@ -21,8 +21,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from ...errors import NbaccelError
 from ...tensors import send_to_device
+from .dispatch import DispatchedDataLoader
 from .samplers import Replay, ShardedBatchSampler, fixed_batch_size
+from .streams import IterableDatasetShard
 
 if TYPE_CHECKING:
     from ...observe.breakdown import Breakdown
@@ -73,6 +76,24 @@ def with_batch_sampler(loader: DataLoader, batch_sampler: Any, as_sampler: bool)
     )
 
 
+def with_dataset(loader: DataLoader, dataset: Any, batch_size: int) -> DataLoader:
+    """``loader`` over another dataset (an IterableDataset's shard), ``batch_size`` a batch."""
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        drop_last=loader.drop_last,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
+        persistent_workers=loader.persistent_workers,
+    )
+
+
 class SkippedDataLoader:
     """The next pass of a prepared loader without its first batches: iterating it is that
     loader's pass (its epoch counts on); ``len`` is what is left."""
@@ -106,7 +127,7 @@ class PreparedDataLoader:
     def __init__(
         self,
         loader: DataLoader,
-        device: torch.device,
+        device: torch.device | None,
         state: LoopState,
         on_batch: Callable[[int], None] | None = None,
         on_end: Callable[[], None] | None = None,
@@ -120,7 +141,8 @@ class PreparedDataLoader:
         self.breakdown = breakdown  # told how long each batch took to arrive
         # a copy to the GPU can run behind the compute (fully so from pinned memory); a CPU
         # "copy" has nothing to overlap with
-        self._non_blocking = (non_blocking or bool(loader.pin_memory)) and device.type == "cuda"
+        on_gpu = device is not None and device.type == "cuda"
+        self._non_blocking = (non_blocking or bool(loader.pin_memory)) and on_gpu
         self.epoch = 0
         self._progress: tuple[torch.Tensor, int] | None = None  # pass in progress: RNG, batches
         self._resume: dict[str, Any] | None = None  # a checkpoint's state, until the next pass
@@ -206,10 +228,10 @@ class PreparedDataLoader:
                 following = next(batches, _DONE)  # read ahead: the wait for it is this batch's
                 if following is _DONE:  # the sampler is spent: it knows how the epoch ended
                     frame.end = True
-                    sharded = self._batches
-                    if isinstance(sharded, ShardedBatchSampler):
-                        frame.remainder = sharded.remainder
-                batch = send_to_device(current, self.device, self._non_blocking)
+                    frame.remainder = self._remainder()
+                batch = current
+                if self.device is not None:
+                    batch = send_to_device(current, self.device, self._non_blocking)
                 if asked is not None:
                     self.breakdown.waited_for_data(asked)  # type: ignore[union-attr]
                 if self.on_batch is not None:
@@ -230,8 +252,28 @@ class PreparedDataLoader:
         batches and, resuming, draws its shuffle as the pass first did (the ``Replay``)."""
         if not skip and replay is None:
             return self.loader, None
+        if isinstance(self.loader.dataset, IterableDataset):
+            if replay is not None:
+                raise NbaccelError(
+                    "this DataLoader reads an IterableDataset, and a checkpoint's pass over a "
+                    "stream cannot be resumed: the stream has no indices to replay, and what "
+                    "it drew from the RNG was interleaved with training's draws. Start the "
+                    "epoch from its beginning: loader.load_state_dict({'epoch': loader.epoch}) "
+                    "before iterating; or resume the stream yourself (e.g. a dataset with its "
+                    "own state_dict, registered with accelerator.register_for_checkpointing)."
+                )
+            # read and drop the skipped batches, as Accelerate does (dispatched: every rank
+            # takes part in their broadcasts)
+            return itertools.islice(self.loader, skip, None), None
+        if isinstance(self.loader, DispatchedDataLoader):
+            # rank 0 reads every batch, so it skips by reading; resuming, its sampler draws
+            # the pass's order from the saved RNG state when the first step is read
+            replaying = Replay(None, 0, replay)
+            return itertools.islice(
+                self.loader, skip, None
+            ), replaying if replay is not None else None
         batches = self._batches
-        if batches is None or isinstance(self.loader.dataset, IterableDataset):
+        if batches is None:
             if replay is not None:
                 logger.warning("this DataLoader has no batch sampler: its order is not replayed")
             return itertools.islice(self.loader, skip, None), None  # reads the skipped batches
@@ -239,6 +281,18 @@ class PreparedDataLoader:
         replaying = Replay(batches, skip, replay)
         loader = with_batch_sampler(self.loader, replaying, as_sampler)
         return loader, (replaying if replay is not None else None)
+
+    def _remainder(self) -> int | None:
+        """Real samples in the pass's last global step if it was topped up, else None; asked
+        when the pass is spent."""
+        source = self._batches
+        if isinstance(self.loader, DispatchedDataLoader):
+            source = self.loader
+        elif isinstance(self.loader.dataset, IterableDatasetShard):
+            return self.loader.dataset.real_samples_of_last_step()
+        if isinstance(source, ShardedBatchSampler | DispatchedDataLoader):
+            return source.remainder
+        return None
 
     def _asked(self) -> float | None:
         """When the loop asked for a batch, on the breakdown's clock (None: not timed)."""

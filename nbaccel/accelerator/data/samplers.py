@@ -15,19 +15,30 @@ from torch.utils.data import RandomSampler, Sampler
 
 
 class SeedableRandomSampler(RandomSampler):
-    """A ``RandomSampler`` whose order depends only on ``seed + epoch``: the same on every rank
-    whatever the global RNG did, and the same orders as Accelerate's sampler of this name."""
+    """A ``RandomSampler`` whose order depends only on ``data_seed + epoch``: the same on every
+    rank whatever the global RNG did. Accelerate's class, arguments and orders: without
+    ``data_seed`` the seed is ``torch.initial_seed()`` when it is built; a given ``generator``
+    is re-seeded each epoch, else one is made. ``from_sampler`` is what ``use_seedable_sampler``
+    builds from a loader's ``RandomSampler`` (with a generator of its own: the user's is left
+    alone)."""
 
-    def __init__(self, sampler: RandomSampler, seed: int) -> None:
-        super().__init__(sampler.data_source, sampler.replacement, sampler.num_samples)
-        self.seed, self.epoch = seed, 0
+    def __init__(self, *args: Any, data_seed: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initial_seed = torch.initial_seed() if data_seed is None else data_seed
+        self.epoch = 0
+
+    @classmethod
+    def from_sampler(cls, sampler: RandomSampler, seed: int) -> SeedableRandomSampler:
+        return cls(sampler.data_source, sampler.replacement, sampler._num_samples, data_seed=seed)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        # a fresh generator each epoch: the order cannot depend on how far an earlier pass got
-        self.generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        # re-seeded each epoch: the order cannot depend on how far an earlier pass got
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed(self.initial_seed + self.epoch)
         yield from super().__iter__()
         self.epoch += 1  # a complete pass moves on, as Accelerate's sampler does
 

@@ -41,22 +41,27 @@ import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from .. import collectives
-from .loader import LoopState, PreparedDataLoader, with_batch_sampler
+from .dispatch import DispatchedDataLoader
+from .loader import LoopState, PreparedDataLoader, with_batch_sampler, with_dataset
 from .samplers import SeedableRandomSampler, ShardedBatchSampler, check_split, fixed_batch_size
+from .streams import IterableDatasetShard
 
 if TYPE_CHECKING:
     from ...env import DistEnv
     from ...observe.rank_recorder import Recorder
 
 
-@dataclass(frozen=True)
+_FLAGS = ("split_batches", "even_batches", "use_seedable_sampler", "non_blocking")
+
+
+@dataclass
 class DataLoaderConfiguration:
     """How ``prepare`` shards DataLoaders: Accelerate's options, names and defaults.
 
@@ -65,11 +70,17 @@ class DataLoaderConfiguration:
     ``even_batches``: top up the last global step so every rank runs it. ``use_seedable_sampler``
     and ``data_seed``: shuffle from ``data_seed + epoch``, independent of the global RNG.
     ``non_blocking``: copy batches to the GPU without waiting (pair it with ``pin_memory=True``).
-    ``dispatch_batches`` and ``use_stateful_dataloader`` exist for Accelerate's code; only their
-    "off" values work here.
+    ``dispatch_batches``: rank 0 reads every batch and sends each rank its slice (``dispatch``);
+    None means "for an IterableDataset", as in Accelerate. ``use_stateful_dataloader`` exists
+    for Accelerate's code; only False works here.
 
-    >>> DataLoaderConfiguration(split_batches=True).even_batches
-    True
+    As in Accelerate, fields can be assigned (``config.data_seed = 43``); each value is checked
+    when it is set, and a loader prepared earlier keeps the values it was prepared with.
+
+    >>> config = DataLoaderConfiguration(split_batches=True)
+    >>> config.even_batches = False
+    >>> config.even_batches
+    False
     """
 
     split_batches: bool = False
@@ -89,34 +100,42 @@ class DataLoaderConfiguration:
             )
         return config or cls()
 
-    def __post_init__(self) -> None:
-        flags = ("split_batches", "even_batches", "use_seedable_sampler", "non_blocking")
-        for name in (*flags, "use_stateful_dataloader"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
-        if self.dispatch_batches is not None and not isinstance(self.dispatch_batches, bool):
-            raise TypeError(f"dispatch_batches={self.dispatch_batches!r} must be None or False")
-        if self.data_seed is not None and (
-            isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int)
-        ):
-            raise TypeError(f"data_seed={self.data_seed!r} must be an int or None")
-        if self.dispatch_batches:
-            raise ValueError(
-                "dispatch_batches=True is not supported: in Accelerate it makes the main process "
-                "read every batch and send each rank its slice. nbaccel has no such path: every "
-                "rank reads its own shard of a map-style dataset, which is what "
-                "dispatch_batches=False means. Leave dispatch_batches unset; to stream an "
-                "IterableDataset, shard it yourself with accelerator.process_index and "
-                "accelerator.num_processes."
-            )
-        if self.use_stateful_dataloader:
-            raise ValueError(
-                "use_stateful_dataloader=True is not supported: in Accelerate it builds the "
-                "loader on torchdata's StatefulDataLoader, so that save_state records where an "
-                "epoch stopped; nbaccel does not depend on torchdata, and its save_state "
-                "records that anyway. Leave it False, and after load_state resume the epoch "
-                "with accelerator.skip_first_batches(loader, batches_seen)."
-            )
+    def __setattr__(self, name: str, value: object) -> None:
+        _check_field(name, value)  # the dataclass's __init__ sets each field through here too
+        super().__setattr__(name, value)
+
+
+def _check_field(name: str, value: object) -> None:
+    if name in (*_FLAGS, "use_stateful_dataloader") and not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} must be True or False")
+    if name == "dispatch_batches" and value is not None and not isinstance(value, bool):
+        raise TypeError(f"dispatch_batches={value!r} must be None, True or False")
+    if (
+        name == "data_seed"
+        and value is not None
+        and (isinstance(value, bool) or not isinstance(value, int))
+    ):
+        raise TypeError(f"data_seed={value!r} must be an int or None")
+    if name == "use_stateful_dataloader" and value:
+        raise ValueError(
+            "use_stateful_dataloader=True is not supported: in Accelerate it builds the "
+            "loader on torchdata's StatefulDataLoader, so that save_state records where an "
+            "epoch stopped; nbaccel does not depend on torchdata, and its save_state "
+            "records that anyway. Leave it False, and after load_state resume the epoch "
+            "with accelerator.skip_first_batches(loader, batches_seen)."
+        )
+
+
+class SharedSeed:
+    """Rank 0's draw from the global RNG, on every rank: one shuffle order for all. A class,
+    not a closure, so that a prepared loader (and its Accelerator) can be pickled."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __call__(self) -> int:
+        seed = torch.empty((), dtype=torch.int64).random_()
+        return int(collectives.broadcast(seed.to(self.device)).item())
 
 
 def prepare_dataloader(
@@ -126,22 +145,20 @@ def prepare_dataloader(
     config: DataLoaderConfiguration,
     state: LoopState,
     recorder: Recorder | None = None,
+    slice_fn: Callable[..., Any] | None = None,
 ) -> PreparedDataLoader:
     """What ``Accelerator.prepare`` makes of a DataLoader: this rank's shard, on ``device``,
-    counted by ``recorder`` (samples, epochs, and the time spent waiting for batches)."""
+    counted by ``recorder`` (samples, epochs, and the time spent waiting for batches).
+    ``slice_fn`` cuts a dispatched step (Accelerate's ``slice_fn_for_dispatch``)."""
     rank, world_size = env.rank, env.world_size
     if config.use_seedable_sampler and config.data_seed is None and world_size > 1:
         # every rank must shuffle alike, seeded by the user or not (Accelerate takes each
         # rank's own initial seed, so unseeded ranks would read different orders)
         seed = collectives.broadcast_object_list([torch.initial_seed()])[0]
         config = dataclasses.replace(config, data_seed=seed)
-
-    def shared_seed() -> int:
-        """Rank 0's draw from the global RNG, on every rank: one shuffle order for all."""
-        seed = torch.empty((), dtype=torch.int64).random_()
-        return int(collectives.broadcast(seed.to(device)).item())
-
-    sharded = shard_dataloader(loader, rank, world_size, shared_seed, config)
+    sharded = shard_dataloader(
+        loader, rank, world_size, SharedSeed(device), config, device=device, slice_fn=slice_fn
+    )
     if recorder is None:
         return PreparedDataLoader(sharded, device, state, non_blocking=config.non_blocking)
     return PreparedDataLoader(
@@ -155,40 +172,68 @@ def prepare_dataloader(
     )
 
 
+def dispatches(loader: DataLoader, config: DataLoaderConfiguration) -> bool:
+    """Does rank 0 read for everyone? ``dispatch_batches``; unset, for an IterableDataset (the
+    default of Accelerate's ``Accelerator``)."""
+    if config.dispatch_batches is None:
+        return isinstance(loader.dataset, IterableDataset)
+    return config.dispatch_batches
+
+
 def shard_dataloader(
     loader: DataLoader,
     rank: int,
     world_size: int,
     shared_seed: Callable[[], int] | None,
     config: DataLoaderConfiguration | None = None,
-) -> DataLoader:
+    *,
+    device: torch.device | None = None,
+    slice_fn: Callable[..., Any] | None = None,
+) -> Any:
     """A copy of ``loader`` that yields this rank's part of each global step; ``loader`` itself
-    when there is nothing to change (one process, no seeded shuffle; a DistributedSampler)."""
+    when there is nothing to change (one process, no seeded shuffle; a DistributedSampler).
+    A dispatched loader (``dispatch.DispatchedDataLoader``) broadcasts on ``device``."""
     config = config or DataLoaderConfiguration()
+    dispatch = dispatches(loader, config)
+    stream = isinstance(loader.dataset, IterableDataset)
     batches = loader.batch_sampler
     # DataLoader(sampler=BatchSampler(...), batch_size=None): the sampler yields whole batches
     as_sampler = batches is None and isinstance(loader.sampler, BatchSampler)
     if as_sampler:
         batches = loader.sampler
     sampler = getattr(batches, "sampler", None)
-    if config.split_batches and not isinstance(loader.dataset, IterableDataset):
+    _check_combination(loader, config, world_size, dispatch, slice_fn, sampler)
+    if config.split_batches and not stream:
         check_split(fixed_batch_size(batches), world_size, batches)  # on one process too
     if config.use_seedable_sampler and isinstance(sampler, RandomSampler):
         seed = torch.initial_seed() if config.data_seed is None else config.data_seed
         batches = copy.copy(batches)  # the user's loader keeps its own sampler
-        sampler = SeedableRandomSampler(sampler, seed)
+        sampler = SeedableRandomSampler.from_sampler(sampler, seed)
         batches.sampler = sampler  # type: ignore[union-attr]
-        if world_size == 1:
-            return with_batch_sampler(loader, batches, as_sampler)
+        loader = with_batch_sampler(loader, batches, as_sampler)
     if world_size == 1 or isinstance(sampler, DistributedSampler):
         return loader  # nothing to split, or the user already split it
-    if isinstance(loader.dataset, IterableDataset):
-        raise TypeError(
-            f"prepare() cannot shard a DataLoader over an IterableDataset "
-            f"({type(loader.dataset).__name__}) across {world_size} processes: it has no "
-            "indices to split. Give it a map-style Dataset, or shard the stream yourself "
-            "using accelerator.process_index and accelerator.num_processes."
+    if dispatch:
+        if config.split_batches and stream:
+            check_split(loader.batch_size, world_size, loader.batch_sampler)
+        return DispatchedDataLoader(
+            loader,
+            rank,
+            world_size,
+            device or torch.device("cpu"),
+            split_batches=config.split_batches,
+            slice_fn=slice_fn,
         )
+    if stream:
+        shard = IterableDatasetShard(
+            loader.dataset,
+            batch_size=loader.batch_size,  # type: ignore[arg-type]
+            drop_last=loader.drop_last,
+            num_processes=world_size,
+            process_index=rank,
+            split_batches=config.split_batches,
+        )
+        return with_dataset(loader, shard, shard.step_size // world_size)
     if batches is None:
         raise TypeError(
             "prepare() cannot shard a DataLoader built with batch_size=None and no "
@@ -204,3 +249,37 @@ def shard_dataloader(
         shared_seed=shared_seed,
     )
     return with_batch_sampler(loader, sharded, as_sampler)
+
+
+def _check_combination(
+    loader: DataLoader,
+    config: DataLoaderConfiguration,
+    world_size: int,
+    dispatch: bool,
+    slice_fn: Callable[..., Any] | None,
+    sampler: Any,
+) -> None:
+    """Refuse the combinations that have no sensible meaning, saying why."""
+    if slice_fn is not None and not dispatch:
+        raise ValueError(
+            "slice_fn_for_dispatch cuts the steps that rank 0 dispatches, but this DataLoader "
+            "is not dispatched (dispatch_batches=False, or unset for a map-style dataset), so "
+            "it would never be called. Pass dispatch_batches=True, or leave slice_fn out."
+        )
+    stream = isinstance(loader.dataset, IterableDataset)
+    if world_size > 1 and not config.even_batches and (dispatch or stream):
+        how = "dispatched" if dispatch else "an IterableDataset's"
+        raise ValueError(
+            f"even_batches=False cannot apply to {how} batches: every rank always gets a batch "
+            "of every step, the last step topped up with the epoch's first samples (Accelerate "
+            "ignores even_batches here; nbaccel refuses rather than ignore it). Use "
+            "even_batches=True for the same batches as Accelerate, or DataLoader(..., "
+            "drop_last=True) for no repeated samples."
+        )
+    if dispatch and world_size > 1 and isinstance(sampler, DistributedSampler):
+        raise ValueError(
+            "dispatch_batches=True with a DistributedSampler: the sampler already gives each "
+            "rank its own share, so rank 0 would send its share to every rank. Use one or "
+            "the other: a plain sampler with dispatch_batches=True, or the DistributedSampler "
+            "with dispatch_batches=False."
+        )

@@ -320,14 +320,32 @@ def test_a_fixed_batch_size_allows_only_a_short_last_batch():
         list(sharded)
 
 
-def test_an_iterable_dataset_is_still_refused():
+def test_even_batches_false_is_refused_where_it_cannot_apply():
     class Stream(IterableDataset):
         def __iter__(self):
             yield from range(4)
 
     config = DataLoaderConfiguration(even_batches=False)
-    with pytest.raises(TypeError, match="cannot shard a DataLoader over an IterableDataset"):
+    with pytest.raises(ValueError, match="even_batches=False cannot apply to dispatched"):
+        shard_dataloader(DataLoader(Stream()), 0, 2, None, config)  # unset: a stream dispatches
+    config.dispatch_batches = False
+    with pytest.raises(ValueError, match="cannot apply to an IterableDataset's batches"):
         shard_dataloader(DataLoader(Stream()), 0, 2, None, config)
+    config.dispatch_batches = True
+    with pytest.raises(ValueError, match="cannot apply to dispatched batches"):
+        shard_dataloader(DataLoader(range(4)), 0, 2, None, config)
+
+
+def test_a_slice_fn_needs_dispatch():
+    with pytest.raises(ValueError, match=r"slice_fn_for_dispatch .* would never be called"):
+        shard_dataloader(DataLoader(range(4)), 0, 2, None, slice_fn=lambda *a, **k: None)
+
+
+def test_dispatch_refuses_a_distributed_sampler():
+    sampler = DistributedSampler(range(8), num_replicas=2, rank=0)
+    config = DataLoaderConfiguration(dispatch_batches=True)
+    with pytest.raises(ValueError, match="DistributedSampler: the sampler already gives"):
+        shard_dataloader(DataLoader(range(8), sampler=sampler), 0, 2, None, config)
 
 
 def test_a_loader_without_batches_is_refused():
@@ -344,8 +362,18 @@ def test_the_fields_and_defaults_are_accelerates():
         return [(f.name, f.default) for f in dataclasses.fields(cls)]
 
     assert defaults(DataLoaderConfiguration) == defaults(Theirs)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        DataLoaderConfiguration().split_batches = True  # type: ignore[misc]
+
+
+def test_fields_can_be_assigned_and_are_checked_when_set():
+    config = DataLoaderConfiguration(use_seedable_sampler=True, data_seed=42)
+    config.data_seed = 43  # Accelerate's test_script does this
+    config.dispatch_batches = True
+    assert (config.data_seed, config.dispatch_batches) == (43, True)
+    with pytest.raises(TypeError, match=r"data_seed='7' must be an int or None"):
+        config.data_seed = "7"  # type: ignore[assignment]
+    with pytest.raises(ValueError, match=r"use_stateful_dataloader=True .*torchdata"):
+        config.use_stateful_dataloader = True
+    assert config.data_seed == 43 and config.use_stateful_dataloader is False
 
 
 @pytest.mark.parametrize(
@@ -355,7 +383,7 @@ def test_the_fields_and_defaults_are_accelerates():
         (dict(even_batches="no"), r"even_batches='no' must be True or False"),
         (dict(non_blocking=None), r"non_blocking=None must be True or False"),
         (dict(use_stateful_dataloader=0), r"use_stateful_dataloader=0 must be True or False"),
-        (dict(dispatch_batches="auto"), r"dispatch_batches='auto' must be None or False"),
+        (dict(dispatch_batches="auto"), r"dispatch_batches='auto' must be None, True or False"),
         (dict(data_seed=1.5), r"data_seed=1.5 must be an int or None"),
         (dict(data_seed=True), r"data_seed=True must be an int or None"),
     ],
@@ -366,9 +394,7 @@ def test_wrong_types_are_refused(options, message):
 
 
 def test_what_nbaccel_cannot_mean_is_refused():
-    assert DataLoaderConfiguration(dispatch_batches=False).dispatch_batches is False
-    with pytest.raises(ValueError, match=r"dispatch_batches=True .*every rank reads its own"):
-        DataLoaderConfiguration(dispatch_batches=True)
+    assert DataLoaderConfiguration(dispatch_batches=True).dispatch_batches is True
     with pytest.raises(ValueError, match=r"use_stateful_dataloader=True .*torchdata"):
         DataLoaderConfiguration(use_stateful_dataloader=True)
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 from nbaccel.accelerator.data.loader import LoopState, PreparedDataLoader
 from nbaccel.accelerator.data.samplers import ShardedBatchSampler
-from nbaccel.accelerator.data.sharding import shard_dataloader
+from nbaccel.accelerator.data.sharding import DataLoaderConfiguration, shard_dataloader
 from nbaccel.tensors import send_to_device
 
 
@@ -76,13 +75,20 @@ def test_the_loader_knows_its_last_batch():
     assert not state.end_of_dataloader and not state.active  # the pass is over
 
 
-def test_an_iterable_dataset_cannot_be_sharded():
+def test_an_iterable_dataset_is_read_whole_by_each_rank_which_keeps_its_slices():
     class Stream(IterableDataset):
         def __iter__(self):
-            yield from range(4)
+            yield from range(5)
 
-    with pytest.raises(TypeError, match=r"cannot shard a DataLoader over an IterableDataset"):
-        shard_dataloader(DataLoader(Stream()), 0, 2, None)
+    config = DataLoaderConfiguration(dispatch_batches=False)
+    ranks = [
+        [
+            b.tolist()
+            for b in shard_dataloader(DataLoader(Stream(), batch_size=2), r, 2, None, config)
+        ]
+        for r in range(2)
+    ]
+    assert ranks == [[[0, 1], [4, 0]], [[2, 3], [1, 2]]]  # the last step topped up from the first
 
 
 def test_a_custom_batch_sampler_is_sharded_like_batch_size():
