@@ -28,6 +28,16 @@ class CheckpointError(NbaccelError, ValueError):
     """
 
 
+class DistributedOperationException(NbaccelError, ValueError):
+    """The ranks handed a collective tensors it cannot combine: different shapes, dtypes or
+    structures, or different collectives at the same point.
+
+    Every rank raises it, before any data moves, so the process group still works and the
+    next collective succeeds. Accelerate's name, so that ``except DistributedOperationException``
+    ports unchanged; also a ``ValueError``, since the bad value is the caller's tensor.
+    """
+
+
 @dataclass(frozen=True)
 class RankFailure:
     """What one worker did wrong, as plain data that crossed the process boundary."""

@@ -7,21 +7,30 @@ returns its input as it is. Tensors may sit inside lists, tuples, dicts and name
 gather`` becomes ``from nbaccel.utils import gather``), and the ``Accelerator``'s methods of the
 same names call them.
 
-Shapes are checked. Gathering tensors of different shapes is undefined in torch (gloo returns
-garbage or aborts the process). ``gather`` and ``pad_across_processes`` first exchange each
-tensor's shape and dtype in one small collective: ``_DIMS + 2`` integers from every rank. When
-the ranks disagree, every rank raises the same ``ValueError``, which names each rank's shape.
-The cost, measured beside the unchecked gather, is in ``benchmarks/results/collectives-cpu.md``.
+Shapes are checked, always. Handing a collective tensors of different shapes is undefined in
+torch, and gloo shows every kind of undefined: ``broadcast`` returns garbage without a word,
+``gather`` returns garbage or aborts, and ``reduce`` kills the process with SIGABRT ("data size
+doesn't match"). So ``gather``, ``reduce``, ``broadcast`` and ``pad_across_processes`` first
+compare what each rank passed: the collective's name and, for every tensor in the structure,
+its place, shape and dtype, hashed into one number. That is one all_gather of ``1 + _SLOTS``
+int64 per rank and per call, however many tensors the structure holds. When the ranks disagree,
+every rank raises the same ``DistributedOperationException`` (also a ``ValueError``), which says
+which ranks passed which shapes, before any data moves, so the process group stays usable.
+Accelerate makes this check only in its debug mode; nbaccel makes it on every call, because the
+alternative is a dead or silently wrong process and the price is one small collective
+(measured in ``benchmarks/results/collective-checks-cpu.md``).
 """
 
 from __future__ import annotations
 
-import math
+import hashlib
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
+from ..errors import DistributedOperationException
 from ..tensors import has_tensor, map_tensors
 
 __all__ = [
@@ -42,7 +51,30 @@ _OPS = {
     "max": dist.ReduceOp.MAX,
     "min": dist.ReduceOp.MIN,
 }
-_DIMS = 8  # dimensions compared one by one; the rest are compared by their product
+_SLOTS = 8  # pad's sizes that travel with the check; a larger structure sends its own after it
+_SHOWN = 4  # tensors named in an error; the rest are counted
+
+# What each checked collective needs of the ranks, and how to give it that.
+_NEEDS = {
+    "gather": "the same shape and dtype on every rank",
+    "reduce": "the same shape and dtype on every rank (it combines them element by element)",
+    "broadcast": "the same shape and dtype on every rank (each rank's tensor is overwritten in "
+    "place by from_process's)",
+    "pad_across_processes": "tensors with the same number of dimensions on every rank (it pads "
+    "one dimension only)",
+}
+_FIXES = {
+    "gather": "Pad first, e.g. gather(pad_across_processes(t, dim=0)), cast to one dtype "
+    "(t.float()), or use gather_object for Python values.",
+    "reduce": "Reduce something of one shape on every rank (a sum, a mean, a count: "
+    "reduce(t.sum())), cast to one dtype (t.float()), or keep every element with "
+    "gather(pad_across_processes(t, dim=0)).",
+    "broadcast": "Allocate the receiving tensors with from_process's shape and dtype (send the "
+    "shape first: broadcast_object_list([t.shape]), then torch.empty(shape)), or send Python "
+    "values with broadcast_object_list.",
+    "pad_across_processes": "Give every rank's tensor the same number of dimensions first, "
+    "e.g. t.reshape(len(t), -1) or t.unsqueeze(0).",
+}
 
 
 def world_size() -> int:
@@ -50,59 +82,133 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-# -- shapes ----------------------------------------------------------------------------------
-def _shapes(tensor: torch.Tensor) -> list[tuple[tuple[int, ...], str]]:
-    """Every rank's (shape, dtype) of ``tensor``, in rank order: one small all_gather."""
-    dims = list(tensor.shape)
-    if len(dims) > _DIMS:  # keep the message fixed-size: fold the trailing dimensions
-        dims = [*dims[: _DIMS - 1], math.prod(dims[_DIMS - 1 :])]
-    code = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else len(_DTYPES)
-    row = [tensor.dim(), code, *dims, *[-1] * (_DIMS - len(dims))]
-    mine = torch.tensor(row, dtype=torch.int64, device=tensor.device)
+# -- the check: one small all_gather before the data moves ------------------------------------
+def _check(op: str, data: Any, dim: int | None = None) -> list[int]:
+    """Raise the same ``DistributedOperationException`` on every rank unless all of them called
+    ``op`` with the same structure and, tensor by tensor, the same shape and dtype.
+
+    ``pad_across_processes`` (``dim`` given) needs only the same numbers of dimensions, and
+    gets back each tensor's largest size along ``dim`` on any rank, which it needs anyway.
+    """
+    leaves = _leaves(data)
+    if dim is None:
+        seen: list = [(place, _spec(t)) for place, t in leaves]
+        sizes = []
+    else:
+        seen = [(place, t.dim()) for place, t in leaves]
+        sizes = [t.shape[dim] if -t.dim() <= dim < t.dim() else -1 for _, t in leaves]
+    # Python's hash() differs between processes; blake2b gives every rank the same number.
+    digest = hashlib.blake2b(repr((op, seen)).encode(), digest_size=8).digest()
+    row = [int.from_bytes(digest, "little", signed=True), *(sizes + [-1] * _SLOTS)[:_SLOTS]]
+    device = leaves[0][1].device if leaves else _default_device()
+    rows = _all_gather_ints(row, device)
+    if any(r[0] != rows[0][0] for r in rows):
+        raise DistributedOperationException(_mismatch(op, leaves, dim))
+    if dim is None:
+        return []
+    if -1 in sizes:  # the numbers of dimensions agree, so every rank finds the same
+        ndim = next(t.dim() for _, t in leaves if not -t.dim() <= dim < t.dim())
+        raise DistributedOperationException(
+            f"pad_across_processes(dim={dim}) got a tensor with {ndim} dimensions, where dim "
+            f"must lie between {-ndim} and {ndim - 1}. Pass the dimension to pad, e.g. dim=0 "
+            "for the batch."
+        )
+    if len(sizes) <= _SLOTS:
+        per_rank = [r[1 : 1 + len(sizes)] for r in rows]
+    else:  # the structures agree, so every rank sends as many sizes
+        per_rank = _all_gather_ints(sizes, device)
+    return [max(column) for column in zip(*per_rank, strict=True)]
+
+
+def _leaves(data: Any, place: str = "") -> list[tuple[str, torch.Tensor]]:
+    """Every tensor in ``data`` with its place in it (``['x'][0]``), in ``map_tensors``'s order."""
+    if isinstance(data, torch.Tensor):
+        return [(place, data)]
+    if isinstance(data, Mapping):
+        items = [(f"{place}[{k!r}]", v) for k, v in data.items()]
+    elif isinstance(data, tuple) and hasattr(data, "_fields"):  # named tuple
+        items = [(f"{place}.{f}", v) for f, v in zip(data._fields, data, strict=True)]
+    elif isinstance(data, list | tuple):
+        items = [(f"{place}[{i}]", v) for i, v in enumerate(data)]
+    else:
+        return []
+    return [leaf for p, v in items for leaf in _leaves(v, p)]
+
+
+def _spec(tensor: torch.Tensor) -> str:
+    return f"{list(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"
+
+
+def _default_device() -> torch.device:
+    if dist.get_backend() == "nccl":  # NCCL moves only GPU tensors
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _all_gather_ints(values: list[int], device: torch.device) -> list[list[int]]:
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
     rows = [torch.empty_like(mine) for _ in range(world_size())]
     dist.all_gather(rows, mine)
-    out = []
-    for r in torch.stack(rows).tolist():
-        ndim, code, dims = r[0], r[1], r[2 : 2 + min(r[0], _DIMS)]
-        dtype = str(_DTYPES[code]).removeprefix("torch.") if code < len(_DTYPES) else "other"
-        out.append((tuple(dims) if ndim <= _DIMS else (*dims[:-1], "..."), dtype))
-    return out
+    return torch.stack(rows).tolist()
 
 
-_DTYPES = [
-    *(torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64),
-    *(torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool),
-]
+def _mismatch(op: str, leaves: list, dim: int | None) -> str:
+    """The message every rank raises. Only a rank that knows every rank's shapes can name them,
+    so this takes a second collective, on the error path alone (every rank is on it)."""
+    everyone: list[Any] = [None] * world_size()
+    dist.all_gather_object(everyone, (op, [(p, list(t.shape), str(t.dtype)) for p, t in leaves]))
+    ops = [o for o, _ in everyone]
+    if len(set(ops)) > 1:
+        return (
+            f"the ranks called different collectives at the same point: {_by_rank(ops)}. Every "
+            "rank must call the same collectives in the same order; a collective inside "
+            "`if accelerator.is_main_process:` is the usual cause."
+        )
+    tensors = [{p: (shape, dtype) for p, shape, dtype in passed} for _, passed in everyone]
+    places = list(dict.fromkeys(p for per_rank in tensors for p in per_rank))
+    differ = []
+    for place in places:
+        at = [per_rank.get(place) for per_rank in tensors]
+        compared = [len(a[0]) if a and dim is not None else a for a in at]
+        if any(c != compared[0] for c in compared):
+            shown = [f"{a[0]} {a[1].removeprefix('torch.')}" if a else "no tensor" for a in at]
+            differ.append(f"{place + ': ' if place else ''}{_by_rank(shown)}")
+    if not differ:  # the same tensors, in another order
+        differ = [_by_rank([", ".join(per_rank) for per_rank in tensors])]
+    more = f"; and {len(differ) - _SHOWN} more tensors" if len(differ) > _SHOWN else ""
+    return f"{op} needs {_NEEDS[op]}, got {'; '.join(differ[:_SHOWN])}{more}. {_FIXES[op]}"
 
 
-def _describe(shapes: list[tuple[tuple[int, ...], str]]) -> str:
-    return ", ".join(f"rank {r}: {list(s)} {d}" for r, (s, d) in enumerate(shapes))
+def _by_rank(values: list[str]) -> str:
+    """``rank 0: a, ranks 1, 2: b``: the ranks that passed the same thing share one entry."""
+    ranks: dict[str, list[int]] = {}
+    for rank, value in enumerate(values):
+        ranks.setdefault(value, []).append(rank)
+    return ", ".join(
+        f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {v}" for v, r in ranks.items()
+    )
 
 
 # -- collectives -----------------------------------------------------------------------------
 def gather(tensor: Any) -> Any:
     """Concatenate each tensor across ranks along dim 0, in rank order (0-d tensors stack).
 
-    Every rank must pass the same shape and dtype; otherwise every rank raises a
-    ``ValueError`` naming each rank's shape (pad first with ``pad_across_processes``).
+    Every rank must pass the same structure, shapes and dtypes; otherwise every rank raises a
+    ``DistributedOperationException`` naming each rank's shapes (pad first with
+    ``pad_across_processes``).
     """
     if world_size() == 1:
         return tensor
-    return map_tensors(tensor, _gather_one)
+    _check("gather", tensor)
+    return map_tensors(tensor, lambda t: _gather_one(t, check=False))
 
 
 def _gather_one(tensor: torch.Tensor, check: bool = True) -> torch.Tensor:
+    if check:
+        _check("gather", tensor)
     tensor = tensor.contiguous()
     if tensor.dim() == 0:
         tensor = tensor[None]
-    if check:
-        shapes = _shapes(tensor)
-        if any(s != shapes[0] for s in shapes):
-            raise ValueError(
-                f"gather needs the same shape and dtype on every rank, got {_describe(shapes)}. "
-                "Pad first, e.g. gather(pad_across_processes(t, dim=0)), or use gather_object "
-                "for Python values."
-            )
     parts = [torch.empty_like(tensor) for _ in range(world_size())]
     dist.all_gather(parts, tensor)
     return torch.cat(parts)
@@ -124,10 +230,19 @@ def gather_object(object: Any) -> list[Any]:
 
 
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
-    """Overwrite each tensor with ``from_process``'s, in place; returns the same structure."""
+    """Overwrite each tensor with ``from_process``'s, in place; returns the same structure.
+
+    Every rank must pass the same structure, shapes and dtypes (else every rank raises a
+    ``DistributedOperationException``): torch copies bytes into the tensors already there.
+    """
     if world_size() > 1:
-        map_tensors(tensor, lambda t: dist.broadcast(t, src=from_process))
+        _check("broadcast", tensor)
+        _broadcast(tensor, from_process)
     return tensor
+
+
+def _broadcast(tensor: Any, from_process: int) -> None:
+    map_tensors(tensor, lambda t: dist.broadcast(t, src=from_process))
 
 
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
@@ -140,8 +255,9 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
 def reduce(tensor: Any, reduction: Reduction = "mean", scale: float = 1.0) -> Any:
     """Sum, average, max or min each tensor across ranks; every rank gets a new tensor.
 
-    ``scale`` is accepted only as 1.0: Accelerate applies it on TPUs alone, so a script that
-    relies on it elsewhere would already be wrong.
+    Every rank must pass the same structure, shapes and dtypes (else every rank raises a
+    ``DistributedOperationException``). ``scale`` is accepted only as 1.0: Accelerate applies
+    it on TPUs alone, so a script that relies on it elsewhere would already be wrong.
     """
     if reduction not in _OPS:
         raise ValueError(f"reduction={reduction!r} must be one of {sorted(_OPS)}")
@@ -150,6 +266,12 @@ def reduce(tensor: Any, reduction: Reduction = "mean", scale: float = 1.0) -> An
             f"reduce(scale={scale}): Accelerate applies scale only on TPUs (XLA), nbaccel "
             "never; multiply the result yourself: reduce(t) * scale."
         )
+    if world_size() > 1:
+        _check("reduce", tensor)
+    return _reduce(tensor, reduction)
+
+
+def _reduce(tensor: Any, reduction: Reduction) -> Any:
     world = world_size()
 
     def one(t: torch.Tensor) -> torch.Tensor:
@@ -166,27 +288,22 @@ def pad_across_processes(
 ) -> Any:
     """Pad each tensor along ``dim`` to the largest size on any rank, so it can be gathered.
 
-    Every rank must pass tensors with the same number of dimensions (else a ``ValueError``
-    naming each rank's shape, on every rank); ``pad_first`` puts the padding in front.
+    Every rank must pass the same structure, with the same number of dimensions per tensor, and
+    ``dim`` must be one of them (else every rank raises a ``DistributedOperationException``
+    naming each rank's shapes); ``pad_first`` puts the padding in front.
     """
     if world_size() == 1:
         return tensor
+    longest = iter(_check("pad_across_processes", tensor, dim))
 
     def one(t: torch.Tensor) -> torch.Tensor:
-        shapes = _shapes(t)
-        if any(len(s) != t.dim() for s, _ in shapes) or not -t.dim() <= dim < t.dim():
-            raise ValueError(
-                f"pad_across_processes(dim={dim}) needs tensors with the same number of "
-                f"dimensions on every rank, and dim among them; got {_describe(shapes)}."
-            )
-        d = dim % t.dim()
-        longest = max(s[d] for s, _ in shapes)
-        if longest == t.shape[d]:
+        d, size = dim % t.dim(), next(longest)
+        if size == t.shape[d]:
             return t
-        size = list(t.shape)
-        size[d] = longest
-        out = t.new_full(size, pad_index)
-        start = longest - t.shape[d] if pad_first else 0
+        shape = list(t.shape)
+        shape[d] = size
+        out = t.new_full(shape, pad_index)
+        start = size - t.shape[d] if pad_first else 0
         out.narrow(d, start, t.shape[d]).copy_(t)
         return out
 
