@@ -32,10 +32,12 @@ from .accelerator.data.sharding import DataLoaderConfiguration
 from .accelerator.project import ProjectConfiguration
 from .accelerator.state import DistributedType, PartialState
 from .env import DistEnv
+from .errors import DistributedOperationException
 from .observe.trackers.general import LoggerType
 
 __all__ = [
     "DataLoaderConfiguration",
+    "DistributedOperationException",
     "DistributedType",
     "GradientAccumulationPlugin",
     "LoggerType",

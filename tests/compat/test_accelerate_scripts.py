@@ -43,6 +43,7 @@ ALL_CASES = [
     "test_ops::test_reduce_mean",
     "test_ops::test_reduce_max",
     "test_ops::test_op_checker",
+    "test_ops::test_op_checker",
     "test_ops::test_copy_tensor_to_devices",
     "test_distributed_data_loop::main_prelude",
     "test_distributed_data_loop::test_default_ensures_even_batch_sizes",
