@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -37,15 +38,16 @@ from ..env import DistEnv
 from ..observe import breakdown
 from ..observe.rank_recorder import Recorder
 from ..observe.trackers.log_with import Trackers
-from . import collectives, saving, tracking
+from . import collectives, saving, tracking, views
 from .accumulation import AccumulationWindow, GradientAccumulationPlugin, accumulation_plugin
 from .data.loader import LoopState, PreparedDataLoader
 from .data.sharding import DataLoaderConfiguration, prepare_dataloader
+from .handlers import AutocastKwargs, Handlers
 from .join import join_uneven
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .project import ProjectConfiguration
 from .state import DistributedType, PartialState
-from .strategies import choose
+from .strategies import DDP, choose
 from .strategies.fsdp import FSDPPlugin
 from .strategies.zero import DeepSpeedPlugin  # DeepSpeed itself loads on demand
 
@@ -81,6 +83,11 @@ class Accelerator(PartialState):
             ``init_trackers``; ``log`` writes to them on the main process.
         project_dir, project_config: the run's folder, for the trackers' files and for
             checkpoints that name themselves (``project.ProjectConfiguration``).
+        kwargs_handlers: Accelerate's ``DistributedDataParallelKwargs``, ``GradScalerKwargs``,
+            ``InitProcessGroupKwargs``, ``AutocastKwargs``, one of each (``handlers.py``).
+
+    ``accelerator.state`` and ``accelerator.gradient_state`` are Accelerate's
+    ``AcceleratorState`` and ``GradientState``, read from this Accelerator (``views.py``).
     """
 
     def __init__(
@@ -97,6 +104,7 @@ class Accelerator(PartialState):
         log_with: Any = None,
         project_dir: str | os.PathLike | None = None,
         project_config: ProjectConfiguration | None = None,
+        kwargs_handlers: list[Any] | None = None,
     ) -> None:
         launch = LaunchConfig.from_environ()  # what notebook_launcher / nbaccel launch chose
         given = launch.mixed_precision if mixed_precision is None else mixed_precision
@@ -125,12 +133,17 @@ class Accelerator(PartialState):
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
-        super().__init__(cpu=launch.cpu if cpu is None else cpu)  # rank, device, process group
+        self.handlers = Handlers.sorted(kwargs_handlers)
+        self._distributed_type: DistributedType | None = None  # set through accelerator.state
+        cpu = launch.cpu if cpu is None else cpu
+        super().__init__(cpu=cpu, **self.handlers.asked("init"))  # rank, device, process group
         self._breakdown = breakdown.for_device(self.device)  # where the time goes, or None
         try:
             self.strategy = kind(chosen, self, mixed_precision, precision_given, plugin)
             self.precision = self.strategy.precision
             self.recorder = Recorder(live=live, device=self.device, breakdown=self._breakdown)
+            ddp, scales = isinstance(self.strategy, DDP), self.strategy.scales_losses
+            self.handlers.check(self.distributed_type, ddp, self.mixed_precision, scales)
         except BaseException:
             self.destroy_process_group()  # nothing half-made outlives a refused Accelerator
             raise
@@ -140,6 +153,7 @@ class Accelerator(PartialState):
         self.run = self.recorder.run  # the records, kept here when no launcher listens
         self._loop = LoopState()
         self._total_steps: int | None = None
+        views.register(self)  # AcceleratorState() and GradientState() find it
 
     # -- where this process stands: PartialState's names, and these ---------------------------
     @property
@@ -147,13 +161,26 @@ class Accelerator(PartialState):
         return self.precision.mode
 
     @property
-    def state(self) -> Accelerator:
-        """Accelerate's ``AcceleratorState``: the Accelerator holds those facts itself."""
-        return self
+    def state(self) -> views.AcceleratorState:
+        """Accelerate's ``AcceleratorState``, a view of this Accelerator's facts."""
+        return views.AcceleratorState(_accelerator=self)
+
+    @property
+    def gradient_state(self) -> views.GradientState:
+        """Accelerate's ``GradientState``: ``sync_gradients``, ``end_of_dataloader``, ..."""
+        return views.GradientState(_accelerator=self)
 
     @property
     def distributed_type(self) -> DistributedType:
+        """How the ranks train together. Assigning it (``accelerator.state.distributed_type =
+        ...``, as Accelerate's tests do) changes what this Accelerator reports, not its back end."""
+        if self._distributed_type is not None:
+            return self._distributed_type
         return self.strategy.distributed_type or super().distributed_type
+
+    @distributed_type.setter
+    def distributed_type(self, value: DistributedType) -> None:
+        self._distributed_type = DistributedType(value)
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -204,6 +231,7 @@ class Accelerator(PartialState):
         * ``DataLoader``: each rank gets ``batch_size`` distinct samples per step, on ``device``.
         * LR scheduler: steps only when its optimizer really stepped.
         """
+        views.check_not_reset(self, "prepare()")
         prepared = self.strategy.prepare(objects, self._prepare_one)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
@@ -259,7 +287,13 @@ class Accelerator(PartialState):
         """Train or evaluate on batches that do not divide evenly among the ranks (torch's
         ``Join``: see ``join.py``). ``even_batches`` overrides the prepared loaders' setting
         inside the block; with even batches, or one process, it does nothing."""
-        if not self.use_distributed:
+        if self.distributed_type not in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+            if self.distributed_type != DistributedType.NO:  # as Accelerate: FSDP, DeepSpeed
+                warnings.warn(
+                    "join_uneven_inputs is only supported for multi-GPU (and multi-CPU) DDP "
+                    f"training, not {self.distributed_type.value}: it has no effect here.",
+                    stacklevel=2,
+                )
             return contextlib.nullcontext()
         default = self.dataloader_config.even_batches
         return join_uneven(joinables, self._dataloaders, even_batches, default)
@@ -273,9 +307,11 @@ class Accelerator(PartialState):
         """Skip DDP's gradient all-reduce (FSDP's reduce-scatter) inside the block."""
         return self.strategy.no_sync(model)
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """Autocast for code outside a prepared model's forward (a no-op with ``"no"``)."""
-        return self.precision.autocast()
+    def autocast(self, autocast_handler: AutocastKwargs | None = None):
+        """Autocast for code outside a prepared model's forward (a no-op with ``"no"``);
+        ``autocast_handler`` replaces the Accelerator's ``AutocastKwargs`` in the block."""
+        asked = None if autocast_handler is None else autocast_handler.to_kwargs()
+        return self.precision.autocast(asked)
 
     def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0):
         """Clip the accumulated gradient's norm; returns the norm before clipping.
@@ -344,6 +380,7 @@ class Accelerator(PartialState):
         self.recorder.close()
         self._trackers.finish()
         self.destroy_process_group()
+        views.forget(self)
 
     def destroy_process_group(self) -> None:
         strategy = self.__dict__.get("strategy")  # None when __init__ was refused early

@@ -10,7 +10,8 @@ mode     autocast dtype  GradScaler  why
 =======  ==============  ==========  ==================================================
 
 The same table holds on CPU and CUDA: torch autocasts on both, and ``torch.amp.GradScaler``
-works on both.
+works on both. ``GradScalerKwargs`` and ``AutocastKwargs`` (``handlers.py``) reach the scaler
+and ``torch.autocast`` as ``scaler_kwargs`` and ``autocast_kwargs``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ _DTYPES = {"no": None, "fp16": "float16", "bf16": "bfloat16"}  # torch's names; 
 class Precision:
     """Autocast context plus loss scaling for one device and one mode."""
 
-    def __init__(self, mode: MixedPrecision, device: torch.device, scale: bool = True) -> None:
+    def __init__(
+        self,
+        mode: MixedPrecision,
+        device: torch.device,
+        scale: bool = True,
+        scaler_kwargs: dict | None = None,
+        autocast_kwargs: dict | None = None,
+    ) -> None:
         import torch  # here, so that checking a mode (the CLI, config files) needs no torch
 
         self.mode = check_mode(mode)
@@ -41,16 +49,20 @@ class Precision:
                 "Use mixed_precision='fp16' on this GPU."
             )
         # scale=False: a back end (DeepSpeed) scales fp16 losses itself
-        self.scaler = torch.amp.GradScaler(device.type) if self.mode == "fp16" and scale else None
+        scaling = self.mode == "fp16" and scale
+        self.scaler = torch.amp.GradScaler(device.type, **scaler_kwargs or {}) if scaling else None
+        self.autocast_kwargs = dict(autocast_kwargs or {})  # enabled, cache_enabled
         self._unscaled: set[int] = set()  # optimizers unscaled since their last step
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """Run the forward pass in the low-precision dtype where torch deems it safe."""
+    def autocast(self, autocast_kwargs: dict | None = None) -> contextlib.AbstractContextManager:
+        """Run the forward pass in the low-precision dtype where torch deems it safe
+        (``autocast_kwargs``: this block's own instead of the Accelerator's)."""
         if self.dtype is None:
             return contextlib.nullcontext()
         import torch
 
-        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+        kwargs = self.autocast_kwargs if autocast_kwargs is None else autocast_kwargs
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype, **kwargs)
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         if self.scaler is not None:

@@ -29,6 +29,7 @@ import contextlib
 import enum
 import functools
 import gc
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -79,13 +80,22 @@ class PartialState:
     Args:
         cpu: use the CPU even when a GPU is present; ``None`` takes the launch default
             (``notebook_launcher(cpu=True)``, ``nbaccel launch --cpu``), else False.
+        **kwargs: ``init_process_group``'s ``backend``, ``init_method`` and ``timeout`` for the
+            group this state creates (``InitProcessGroupKwargs``). A group that exists already
+            keeps its settings: asking for others raises ``ValueError``; with one process there
+            is no group, and a warning says so.
     """
 
     #: The Accelerator's ``nbaccel.observe.breakdown``, which counts the collectives below as
     #: communication; a bare PartialState times nothing.
     _breakdown: Breakdown | None = None
 
-    def __init__(self, cpu: bool | None = None) -> None:
+    def __init__(self, cpu: bool | None = None, **kwargs: Any) -> None:
+        if kwargs.keys() - {"backend", "init_method", "timeout"}:
+            raise TypeError(
+                f"PartialState got {sorted(kwargs)}; it takes cpu and init_process_group's "
+                "backend, init_method and timeout"
+            )
         self.env = DistEnv.from_environ()
         listen_from_environ()  # under `nbaccel launch`: say where this rank is when asked
         if cpu is None:
@@ -95,14 +105,33 @@ class PartialState:
         self._group: weakref.ref | None = None  # the default group this state uses
         self._ended = False  # destroy_process_group() was called
         if not self.env.is_distributed:
+            if kwargs:
+                warnings.warn(
+                    f"InitProcessGroupKwargs {kwargs}: one process has no process group, so it "
+                    "has nothing to configure.",
+                    stacklevel=3,
+                )
             return
+        backend = kwargs.pop("backend", backend_for(self.device))
+        if backend != backend_for(self.device):
+            raise ValueError(
+                f"backend={backend!r}: nbaccel runs {backend_for(self.device)!r} on "
+                f"{self.device.type} (gloo on CPUs, NCCL on GPUs); drop the backend argument."
+            )
         if not dist.is_initialized():
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
             dist.init_process_group(
-                backend_for(self.device), rank=self.env.rank, world_size=self.env.world_size
+                backend, rank=self.env.rank, world_size=self.env.world_size, **kwargs
             )
-            _created.add(dist.group.WORLD)
+            _created[dist.group.WORLD] = kwargs
+        elif kwargs and _created.get(dist.group.WORLD) != kwargs:
+            raise ValueError(
+                f"InitProcessGroupKwargs {kwargs}: the process group exists already (made by an "
+                "earlier Accelerator, or by you) with other settings, and a group's timeout and "
+                "init_method are fixed when it is made. Give the handler to the first "
+                "Accelerator, or destroy the group first."
+            )
             atexit.unregister(_free_before_exit)  # once, however many joined
             atexit.register(_free_before_exit)
         self._group = weakref.ref(dist.group.WORLD)
@@ -335,9 +364,10 @@ class PartialState:
 
 
 #: The live states that hold a default process group nbaccel created (see the module's
-#: docstring), and the groups it created: weak, so garbage holds nothing and leaks nothing.
+#: docstring), and the groups it created, with the init_process_group settings each was given:
+#: weak, so garbage holds nothing and leaks nothing.
 _holders: weakref.WeakSet[PartialState] = weakref.WeakSet()
-_created: weakref.WeakSet[dist.ProcessGroup] = weakref.WeakSet()
+_created: weakref.WeakKeyDictionary[dist.ProcessGroup, dict] = weakref.WeakKeyDictionary()
 
 
 def _alive(group: weakref.ref | None) -> bool:

@@ -67,7 +67,14 @@ class Strategy:
         self.env = state.env
         self.mixed_precision = mixed_precision
         self.accumulation_steps = accumulation.num_steps or 1
-        self.precision = Precision(mixed_precision, self.device, scale=self.scales_losses)
+        self.handlers = handlers = getattr(state, "handlers", None)  # its kwargs_handlers
+        self.precision = Precision(
+            mixed_precision,
+            self.device,
+            scale=self.scales_losses,
+            scaler_kwargs=handlers.asked("scaler") if handlers else None,
+            autocast_kwargs=handlers.asked("autocast") if handlers else None,
+        )
         self.breakdown = state._breakdown  # where the time goes (None: NBACCEL_BREAKDOWN=0)
         self._timed: list[torch.nn.Module] = []  # models whose forward it times
 

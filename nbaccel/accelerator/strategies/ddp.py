@@ -7,7 +7,9 @@ running, so every rank's optimizer takes the same step.
 The breakdown (``nbaccel.observe.breakdown``) learns when each bucket is ready from a communication
 hook around torch's own all-reduce, registered at the first backward that syncs. DDP takes one hook:
 a hook of the user's own, registered on the prepared model before then, replaces ours and is timed
-the same way (``register_comm_hook`` of the prepared model wraps it).
+the same way (``register_comm_hook`` of the prepared model wraps it). So is the hook that
+``DistributedDataParallelKwargs(comm_hook=...)`` asks for, registered when the model is wrapped;
+its other fields are ``DistributedDataParallel``'s own arguments (``handlers.py``).
 """
 
 from __future__ import annotations
@@ -35,10 +37,15 @@ class DDP(Strategy):
         # a frozen model (a teacher, an evaluator) has no gradients to reduce: left unwrapped
         if trainable(model) and not isinstance(model, DistributedDataParallel):
             ids = [self.device.index] if self.device.type == "cuda" else None
-            model = DistributedDataParallel(model, device_ids=ids)
+            handler = self.handlers.ddp if self.handlers is not None else None
+            asked = handler.to_kwargs() if handler is not None else {}
+            model = DistributedDataParallel(model, device_ids=ids, **asked)
             if self.breakdown is not None:
                 self._unhooked.append(model)
                 model.register_comm_hook = self._timing(model, model.register_comm_hook)
+            hook = handler.comm_hook_for(model.process_group) if handler is not None else None
+            if hook is not None:
+                model.register_comm_hook(*hook)  # timed, when the breakdown is on
         return super().prepare_model(model)
 
     def _timing(self, model: DistributedDataParallel, register: Any) -> Any:
@@ -51,7 +58,9 @@ class DDP(Strategy):
                 breakdown.bucket_ready()
                 return hook(state, bucket)
 
-            timed.__qualname__ = getattr(hook, "__qualname__", "hook")  # DDP logs the name
+            # DDP logs the name, and checks it: bf16 hooks need CUDA with NCCL >= 2.10
+            timed.__name__ = getattr(hook, "__name__", "hook")
+            timed.__qualname__ = getattr(hook, "__qualname__", "hook")
             register(state, timed)
             if model in self._unhooked:
                 self._unhooked.remove(model)

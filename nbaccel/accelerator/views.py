@@ -1,0 +1,265 @@
+"""Accelerate's ``AcceleratorState`` and ``GradientState``, as views of an Accelerator.
+
+In Accelerate these are process-wide singletons: every ``AcceleratorState()`` shares one
+dictionary, which the first ``Accelerator()`` fills. nbaccel keeps each Accelerator's state in
+the Accelerator itself (two never share it), so here both classes are *views*: they hold no
+fact of their own and read, on every access, the Accelerator they were made for.
+
+How a view finds its Accelerator:
+
+* ``accelerator.state`` and ``accelerator.gradient_state``: that Accelerator.
+* ``AcceleratorState()`` and ``GradientState()``: the most recently created Accelerator of
+  this process that is still live, looked up once, when the view is made. Live means created,
+  not yet ended (``end_training``), not garbage, and not forgotten by ``_reset_state()``.
+  This registry, ``_live``, is the one process-wide structure DESIGN.md allows besides the
+  process group's holders (``state.py``): weak (it keeps no Accelerator alive, so nothing leaks
+  from one test into the next) and read-only to everyone but the Accelerator's own
+  ``__init__`` and ``end_training``.
+
+With none: ``AcceleratorState()`` raises ``ValueError`` as Accelerate's does (there is no
+state to view: create an ``Accelerator`` first); ``GradientState()`` reports what Accelerate's
+reports before any Accelerator: gradients sync, no DataLoader is being iterated, one step.
+
+With two: the newer one. They share only torch's process group (counted, ``state.py``); a view
+of one never shows the other's precision, accumulation or DataLoaders. Write
+``accelerator.state`` when you mean a particular one.
+
+A view may be kept: it holds its Accelerator (an ordinary reference, as any object you keep
+does), so ``state = AcceleratorState()`` stays valid while you hold it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .accelerator import Accelerator
+
+#: The live Accelerators, oldest first (a dict keeps insertion order; its values are weak).
+_live: weakref.WeakValueDictionary[int, Accelerator] = weakref.WeakValueDictionary()
+
+
+def register(accelerator: Accelerator) -> None:
+    """``accelerator`` is the newest live one (its ``__init__`` calls this last)."""
+    _live.pop(id(accelerator), None)
+    _live[id(accelerator)] = accelerator
+
+
+def forget(accelerator: Accelerator) -> None:
+    """``accelerator`` ended: views made from now on do not find it."""
+    if _live.get(id(accelerator)) is accelerator:
+        del _live[id(accelerator)]
+
+
+def newest() -> Accelerator | None:
+    """The most recently created live Accelerator, or None."""
+    accelerators = list(_live.values())
+    return accelerators[-1] if accelerators else None
+
+
+def check_not_reset(accelerator: Accelerator, what: str) -> None:
+    """Refuse ``what`` on an Accelerator that ``AcceleratorState._reset_state()`` forgot."""
+    if accelerator.__dict__.get("_was_reset"):
+        raise AttributeError(
+            f"{what}: this Accelerator's `AcceleratorState` object has no attributes for you "
+            "any more. This happens if `AcceleratorState._reset_state()` was called after the "
+            "Accelerator was made: create a new Accelerator() after the reset."
+        )
+
+
+#: Accelerate's AcceleratorState fields for engines nbaccel does not drive: always these.
+_ABSENT: dict[str, Any] = {
+    "dynamo_plugin": None,
+    "megatron_lm_plugin": None,
+    "torch_tp_plugin": None,
+    "parallelism_config": None,
+    "device_mesh": None,
+    "use_ipex": False,
+    "initialized": True,
+}
+
+
+class AcceleratorState:
+    """Accelerate's ``AcceleratorState``: the facts of one Accelerator, read through.
+
+    ``num_processes``, ``process_index``, ``local_process_index``, ``device``,
+    ``distributed_type``, ``mixed_precision``, ``deepspeed_plugin``, ``fsdp_plugin``,
+    ``is_main_process``, ``wait_for_everyone``, ``print`` and every other public name are the
+    Accelerator's own (see the module docstring for which Accelerator).
+
+    >>> from nbaccel import Accelerator
+    >>> accelerator = Accelerator(cpu=True, live=False)
+    >>> AcceleratorState().num_processes, accelerator.state.mixed_precision
+    (1, 'no')
+
+    Args:
+        mixed_precision, cpu: as in Accelerate, what the caller expects of the existing state:
+            a different value raises ``ValueError`` (a live Accelerator's state cannot change;
+            create the Accelerator with it). None: whatever it is.
+    """
+
+    def __init__(
+        self, mixed_precision: str | None = None, cpu: bool | None = None, **kwargs: Any
+    ) -> None:
+        accelerator = kwargs.pop("_accelerator", None) or newest()
+        if accelerator is None:
+            raise ValueError(
+                "AcceleratorState() views the Accelerator of this process, and none is live: "
+                "create one first (accelerator = Accelerator()), then use AcceleratorState() "
+                "or accelerator.state."
+            )
+        object.__setattr__(self, "_accelerator", accelerator)
+        if mixed_precision is not None and mixed_precision != accelerator.mixed_precision:
+            raise ValueError(_changed(f"mixed_precision={mixed_precision!r}", accelerator))
+        if cpu and accelerator.device.type != "cpu":
+            raise ValueError(_changed("cpu=True", accelerator))
+
+    def __getattr__(self, name: str) -> Any:  # only names the class itself lacks
+        if name in _ABSENT:
+            return _ABSENT[name]
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._accelerator, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name != "distributed_type":
+            raise AttributeError(
+                f"AcceleratorState.{name} cannot be assigned: the state is its Accelerator's, "
+                "set when it was created. Pass the value to Accelerator(...) instead."
+            )
+        self._accelerator.distributed_type = value  # what that Accelerator reports, from now
+
+    @property
+    def deepspeed_plugins(self) -> dict[str, Any] | None:
+        plugin = self._accelerator.deepspeed_plugin
+        return None if plugin is None else {"default": plugin}
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        """Forget the live Accelerators, as Accelerate's reset forgets its shared state.
+
+        Views made afterwards find only Accelerators created afterwards, and the Accelerators
+        made before refuse ``prepare`` (in Accelerate their state is gone, so the next
+        ``prepare`` fails too). Nothing else changes: each Accelerator's state is its own, and
+        the process group stays with the Accelerators that hold it (``state.py``).
+        ``reset_partial_state`` is taken for Accelerate's signature: nbaccel's
+        ``PartialState`` shares nothing, so there is nothing more to forget.
+        """
+        for accelerator in list(_live.values()):
+            accelerator._was_reset = True
+        _live.clear()
+
+    def __repr__(self) -> str:
+        a = self._accelerator
+        backend = f"  Backend: {a.backend}" if a.backend else ""
+        return (
+            f"Distributed environment: {a.distributed_type.value}{backend}\n"
+            f"Num processes: {a.num_processes}\nProcess index: {a.process_index}\n"
+            f"Local process index: {a.local_process_index}\nDevice: {a.device}\n\n"
+            f"Mixed precision type: {a.mixed_precision}\n"
+        )
+
+
+def _changed(flag: str, accelerator: Accelerator) -> str:
+    return (
+        f"AcceleratorState({flag}) asks to change the live Accelerator's state "
+        f"(mixed_precision={accelerator.mixed_precision!r}, device={accelerator.device}); "
+        f"a state is fixed when its Accelerator is created: pass {flag} to Accelerator()."
+    )
+
+
+class GradientState:
+    """Accelerate's ``GradientState``: where one Accelerator's accumulation and data loops are.
+
+    ``sync_gradients``: this micro-batch ends an accumulation window (its step is real).
+    ``active_dataloader``: the prepared DataLoader being iterated (the innermost, when one loop
+    runs inside another), else None; ``in_dataloader``: whether there is one.
+    ``end_of_dataloader``: its current batch is its last. ``remainder``: the real samples in
+    the last global batch when it was topped up with repeats, else -1 (as Accelerate, -1
+    outside a DataLoader; nbaccel knows it only on the last batch).
+    ``num_steps``, ``adjust_scheduler``, ``sync_with_dataloader``, ``plugin_kwargs``: the
+    Accelerator's ``GradientAccumulationPlugin`` (its values, where Accelerate's view reports
+    ``adjust_scheduler=False`` for a default plugin).
+
+    >>> GradientState(_accelerator=None).sync_gradients  # no Accelerator: Accelerate's defaults
+    True
+    """
+
+    def __init__(self, gradient_accumulation_plugin: Any = None, **kwargs: Any) -> None:
+        accelerator = kwargs["_accelerator"] if "_accelerator" in kwargs else newest()
+        self._accelerator = accelerator
+        if gradient_accumulation_plugin is not None and (
+            accelerator is None
+            or gradient_accumulation_plugin != accelerator.gradient_accumulation_plugin
+        ):
+            raise ValueError(
+                "GradientState(gradient_accumulation_plugin=...) cannot set the plugin: it is "
+                "the Accelerator's. Pass it as Accelerator(gradient_accumulation_plugin=...)."
+            )
+
+    @property
+    def sync_gradients(self) -> bool:
+        return True if self._accelerator is None else self._accelerator.sync_gradients
+
+    def _frame(self) -> Any:
+        if self._accelerator is None or not self._accelerator._loop.active:
+            return None
+        return self._accelerator._loop.active[-1]
+
+    @property
+    def active_dataloader(self) -> Any:
+        return getattr(self._frame(), "loader", None)
+
+    @property
+    def in_dataloader(self) -> bool:
+        return self._frame() is not None
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        frame = self._frame()
+        return frame is not None and frame.end
+
+    @property
+    def remainder(self) -> int:
+        frame = self._frame()
+        return -1 if frame is None or frame.remainder is None else frame.remainder
+
+    @property
+    def _plugin(self) -> Any:
+        return None if self._accelerator is None else self._accelerator.gradient_accumulation_plugin
+
+    @property
+    def plugin_kwargs(self) -> dict[str, Any]:
+        """The plugin's fields that differ from their defaults (Accelerate's ``to_kwargs``)."""
+        plugin = self._plugin
+        if plugin is None:
+            return {}
+        fields = dataclasses.fields(plugin)
+        return {f.name: v for f in fields if (v := getattr(plugin, f.name)) != f.default}
+
+    @property
+    def num_steps(self) -> int:
+        return 1 if self._accelerator is None else self._accelerator.gradient_accumulation_steps
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        return True if self._plugin is None else self._plugin.adjust_scheduler
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        return True if self._plugin is None else self._plugin.sync_with_dataloader
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Accelerate's: forget the shared state. A view holds none, so there is nothing to do;
+        ``AcceleratorState._reset_state()`` forgets the Accelerators themselves."""
+
+    def __repr__(self) -> str:
+        return (
+            f"Sync Gradients: {self.sync_gradients}\n"
+            f"At end of current dataloader: {self.end_of_dataloader}\n"
+            f"Extra samples added: {self.remainder}\n"
+            f"Gradient accumulation plugin: {self.plugin_kwargs}\n"
+        )
