@@ -187,8 +187,56 @@ def test_a_prepared_loader_pickles_and_reads_the_same_batches():
         lambda: DataLoader(Stream(7), batch_size=2),
     ):
         loader = prepare_data_loader(make(), num_processes=WORLD, process_index=1)
-        copy = pickle.loads(pickle.dumps(loader))
+        # the data part: the prepared loader's hooks into this Accelerator's recorder go with
+        # it only as the Accelerator's pickling allows (a console live view does not pickle)
+        copy = pickle.loads(pickle.dumps(loader.loader))
         torch.manual_seed(0)
         before = [b.tolist() for b in loader]
         torch.manual_seed(0)
         assert [b.tolist() for b in copy] == before
+
+
+def accelerator_on_ranks():
+    """An Accelerator's dispatched loaders: each pass gathered for metrics is the data; the
+    last batch is flagged; skip_first_batches skips; the loader pickles."""
+    from nbaccel import Accelerator, DataLoaderConfiguration
+
+    out = {}
+    for name, config, make in [
+        ("map, dispatched", DataLoaderConfiguration(dispatch_batches=True), lambda: Table(11)),
+        ("stream, dispatched by default", None, lambda: Stream(11, as_dict=True)),
+        (
+            "stream, not dispatched",
+            DataLoaderConfiguration(dispatch_batches=False),
+            lambda: Stream(11, as_dict=True),
+        ),
+        (
+            "split",
+            DataLoaderConfiguration(dispatch_batches=True, split_batches=True),
+            lambda: Table(11),
+        ),
+    ]:
+        accelerator = Accelerator(dataloader_config=config)
+        loader = accelerator.prepare(DataLoader(make(), batch_size=4))
+        seen, ends = [], []
+        for batch in loader:
+            seen += accelerator.gather_for_metrics(batch["index"]).tolist()
+            ends.append(accelerator._loop.end_of_dataloader)
+        skipped = [batch["index"].tolist() for batch in accelerator.skip_first_batches(loader, 1)]
+        # the data part: the prepared loader's hooks into this Accelerator's recorder go with
+        # it only as the Accelerator's pickling allows (a console live view does not pickle)
+        copy = pickle.loads(pickle.dumps(loader.loader))
+        again = [batch["index"].tolist() for batch in copy]
+        out[name] = (seen, ends, skipped, again, [b["index"].tolist() for b in loader])
+        accelerator.end_training()
+    return out
+
+
+def test_an_accelerators_dispatched_loaders():
+    ranks = run_ranks(accelerator_on_ranks, world_size=WORLD)
+    for name in ranks[0]:
+        for rank, results in enumerate(ranks):
+            seen, ends, skipped, again, full = results[name]
+            assert seen == list(range(11)), (name, rank)
+            assert ends == [False] * (len(ends) - 1) + [True], (name, rank)
+            assert skipped == full[1:] and again == full, (name, rank)
