@@ -33,6 +33,17 @@ rank 0's ``torch.initial_seed()`` for every rank, so the ranks shuffle alike eve
 each complete pass moves it on by one.
 
 A loader whose sampler is a ``DistributedSampler`` is already split: it is left as it is.
+
+Two other ways to share the data, as Accelerate has them:
+
+* An IterableDataset has no indices: every rank reads the whole stream and keeps its slices of
+  each global step (``streams.IterableDatasetShard``), when ``dispatch_batches=False``.
+* ``dispatch_batches=True`` (the default for an IterableDataset): rank 0 reads each global step
+  and sends it to every rank, which keeps its slice (``dispatch.DispatchedDataLoader``).
+
+Both always give every rank a batch of every step, the last topped up with the epoch's first
+samples unless ``drop_last``: so ``even_batches=False`` is refused for them (Accelerate ignores
+it there).
 """
 
 from __future__ import annotations
