@@ -10,8 +10,8 @@ them in the notebook, and ``Run.straggler()`` names the rank the others wait for
   optimizer's ``step``, minus the communication measured inside them.
 * **communication**: time blocked in collectives, beyond what overlapped with compute.
 
-  - DDP: a communication hook (torch's own ``allreduce_hook``, unchanged) notes when each
-    gradient bucket is ready. The all-reduces of the earlier buckets run while backward
+  - DDP: a communication hook (torch's own ``allreduce_hook``, unchanged, or the user's) notes
+    when each gradient bucket is ready. The all-reduces of the earlier buckets run while backward
     computes the later ones; what backward spends after its *last* bucket was ready is the
     waiting: for the slowest rank, and for the reduction itself.
   - FSDP2 on CPU: the time inside its all-gathers and reduce-scatters (gloo blocks in them),
@@ -30,9 +30,13 @@ What is not measured, and lands in compute instead:
 * FSDP2 on CUDA, and FSDP2's explicit prefetching (``async_op``): the collectives run on their
   own streams or return a handle that FSDP waits on later, so the time around the call is not
   the time blocked.
-* DDP with a communication hook of your own, registered before the first ``backward``: ours is
-  then left out (DDP takes one hook) and backward is compute. Register yours before that first
-  ``backward``: one registered later meets torch's "can only be called once".
+* Nothing is lost to a communication hook of your own. DDP takes one hook, so the prepared
+  model's ``register_comm_hook`` (and ``DistributedDataParallelKwargs(comm_hook=...)``, which
+  goes through it) wraps yours: it notes the bucket's readiness, then runs your hook unchanged
+  (``accelerator/strategies/ddp.py``). Only a hook put on the model behind nbaccel's back
+  (``DistributedDataParallel.register_comm_hook(model, ...)``) leaves backward all compute.
+  Register yours before the first ``backward``: one registered later meets torch's "can only
+  be called once".
 
 CUDA: host clocks time only the launching of asynchronous kernels. On a CUDA device the compute
 spans are CUDA events recorded on the current stream at their boundaries (and at each gradient
