@@ -42,8 +42,8 @@ def prepare_data_loader(
 ) -> PreparedDataLoader:
     """``dataloader`` for rank ``process_index`` of ``num_processes`` (default: the process
     group's, else torchrun's variables, else 1 process); batches on ``device`` when
-    ``put_on_device``. ``dispatch_batches`` unset means: for an IterableDataset when
-    ``put_on_device``, as in Accelerate.
+    ``put_on_device`` and a device is given. ``dispatch_batches`` unset means: for an
+    IterableDataset when ``put_on_device``, as in Accelerate.
 
     >>> loader = prepare_data_loader(DataLoader(range(8), batch_size=2), num_processes=2,
     ...                              process_index=1)
@@ -103,7 +103,8 @@ def prepare_data_loader(
         device=comm,
         slice_fn=slice_fn_for_dispatch,
     )
-    target = (comm if device is None else torch.device(device)) if put_on_device else None
+    # as Accelerate: no device, no move (a dispatched batch arrives on ``comm`` anyway)
+    target = torch.device(device) if put_on_device and device is not None else None
     return PreparedDataLoader(sharded, target, LoopState(), non_blocking=non_blocking)
 
 

@@ -46,6 +46,9 @@ def test_batches_stay_where_they_are_unless_put_on_device(monkeypatch):
     assert moved == []
     list(prepare_data_loader(DataLoader(range(4), batch_size=2), "cpu", 1, 0, put_on_device=True))
     assert moved == [torch.device("cpu")] * 2
+    moved.clear()
+    list(prepare_data_loader(DataLoader(range(4), batch_size=2), None, 1, 0, put_on_device=True))
+    assert moved == []  # as Accelerate: no device given, no move
 
 
 def test_the_seedable_sampler_takes_accelerates_arguments_and_orders():
