@@ -18,7 +18,7 @@ method is written here or found by one of these names:
 No hidden globals: two Accelerators in one process share nothing, except what torch itself keeps
 process-wide: the default process group (created by the first Accelerator that needs it, shared,
 destroyed by the ``end_training`` of the last one alive: ``state.py``), the global RNGs, and
-CUDA's current device.
+CUDA's current device; ``AcceleratorState()`` views the newest live one (``views.py``).
 """
 
 from __future__ import annotations

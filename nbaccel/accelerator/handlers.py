@@ -16,8 +16,8 @@ and each kind may be given once (a second raises ``ValueError``).
 What nbaccel does with a handler it cannot apply, where Accelerate would drop it in silence:
 
 * It cannot honour it (a process group that already exists, made with other settings, cannot
-  take a new ``timeout`` or ``backend``; DeepSpeed scales fp16 losses with its own settings):
-  ``ValueError``, saying where the setting goes instead.
+  take a new ``timeout`` or ``backend``; DeepSpeed scales fp16 losses with its own settings;
+  FSDP's forward runs no autocast): ``ValueError``, saying where the setting goes instead.
 * The run has nothing for it to configure (``DistributedDataParallelKwargs`` with one process
   or under FSDP/DeepSpeed: no DDP; ``GradScalerKwargs`` without fp16: no scaler;
   ``AutocastKwargs`` with ``mixed_precision="no"``: no autocast): a warning says so, because
@@ -260,6 +260,13 @@ class Handlers:
                 "itself; set its loss scaling in the DeepSpeed config (fp16.initial_scale_power, "
                 "loss_scale_window, hysteresis) and drop the handler."
             )
+        if self.asked("autocast") and distributed_type == "FSDP":
+            raise ValueError(
+                "AutocastKwargs: under FSDP the forward runs without autocast (FSDPPlugin's "
+                "mixed-precision policy casts the parameters instead), so the handler would "
+                "reach only accelerator.autocast() blocks: pass it there, "
+                "accelerator.autocast(autocast_handler=...), and drop it from kwargs_handlers."
+            )
         idle = [
             ("DistributedDataParallelKwargs", self.asked("ddp") or self._hooks(), not ddp,
              f"this run does not use DDP ({distributed_type})"),
@@ -270,7 +277,7 @@ class Handlers:
         ]  # fmt: skip
         for name, asked, unused, why in idle:
             if asked and unused:
-                warnings.warn(f"{name}: {why}, so it has nothing to configure.", stacklevel=4)
+                warnings.warn(f"{name}: {why}, so it has nothing to configure.", stacklevel=3)
 
     def _hooks(self) -> bool:
         return self.ddp is not None and self.ddp.comm_hook != "no"

@@ -14,9 +14,12 @@ Two states in one process (two Accelerators in one worker) share that group, cou
 holds it from its creation until its ``destroy_process_group()`` (the Accelerator's
 ``end_training``), and the last holder's call destroys it. So ending one Accelerator never pulls
 the group from under another: the other's ``reduce`` and ``gather`` still reach every rank.
-The count is the one process-wide thing nbaccel keeps (DESIGN.md): ``_holders``, a weak set of
-the live states using a group that nbaccel created (``_created``); a state that became garbage
-no longer holds it. A group you created yourself is yours: nbaccel uses it and never destroys it.
+The count is one of the two process-wide things nbaccel keeps (DESIGN.md): ``_holders``, a weak
+set of the live states using a group that nbaccel created (``_created``, with the settings it was
+made with: ``InitProcessGroupKwargs``); a state that became garbage no longer holds it. The
+other is ``views._live``, the weak registry through which Accelerate's ``AcceleratorState()``
+finds the newest live Accelerator: two Accelerators share the group, never their state.
+A group you created yourself is yours: nbaccel uses it and never destroys it.
 A collective through a state after its own ``end_training``, or after its group was destroyed
 behind its back (``torch.distributed.destroy_process_group()``), raises ``NbaccelError`` and
 says why: without the group it would quietly return this rank's value alone, a wrong number.

@@ -97,13 +97,16 @@ class AcceleratorState:
     Args:
         mixed_precision, cpu: as in Accelerate, what the caller expects of the existing state:
             a different value raises ``ValueError`` (a live Accelerator's state cannot change;
-            create the Accelerator with it). None: whatever it is.
+            create the Accelerator with it). None: whatever it is. Accelerate's other
+            arguments (``fsdp_plugin``, ``dynamo_plugin``, ...) are the Accelerator's too: any
+            but None raises.
     """
 
     def __init__(
         self, mixed_precision: str | None = None, cpu: bool | None = None, **kwargs: Any
     ) -> None:
         accelerator = kwargs.pop("_accelerator", None) or newest()
+        kwargs.pop("_from_accelerator", None)
         if accelerator is None:
             raise ValueError(
                 "AcceleratorState() views the Accelerator of this process, and none is live: "
@@ -115,6 +118,9 @@ class AcceleratorState:
             raise ValueError(_changed(f"mixed_precision={mixed_precision!r}", accelerator))
         if cpu and accelerator.device.type != "cpu":
             raise ValueError(_changed("cpu=True", accelerator))
+        for name, value in kwargs.items():  # dynamo_plugin, fsdp_plugin, ...: Accelerator's
+            if value is not None:
+                raise ValueError(_changed(f"{name}=...", accelerator))
 
     def __getattr__(self, name: str) -> Any:  # only names the class itself lacks
         if name in _ABSENT:
@@ -188,6 +194,8 @@ class GradientState:
     """
 
     def __init__(self, gradient_accumulation_plugin: Any = None, **kwargs: Any) -> None:
+        if kwargs.keys() - {"_accelerator"}:
+            raise TypeError(f"GradientState takes gradient_accumulation_plugin; got {kwargs}")
         accelerator = kwargs["_accelerator"] if "_accelerator" in kwargs else newest()
         self._accelerator = accelerator
         if gradient_accumulation_plugin is not None and (

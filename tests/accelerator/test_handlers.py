@@ -405,7 +405,10 @@ def test_a_handler_with_nothing_to_configure_warns():
         Accelerator(cpu=True, live=False, kwargs_handlers=[*defaults, InitProcessGroupKwargs()])
 
 
-def test_grad_scaler_kwargs_under_deepspeed_are_refused():
+def test_what_a_back_end_cannot_honour_is_refused():
     handlers = Handlers.sorted([GradScalerKwargs(init_scale=2.0)])
     with pytest.raises(ValueError, match="DeepSpeed config"):
         handlers.check("DEEPSPEED", ddp=False, mode="fp16", scales=False)
+    handlers = Handlers.sorted([AutocastKwargs(cache_enabled=False)])
+    with pytest.raises(ValueError, match="under FSDP the forward runs without autocast"):
+        handlers.check("FSDP", ddp=False, mode="bf16", scales=True)

@@ -49,6 +49,10 @@ def test_the_view_reads_its_accelerators_fields():
     assert AcceleratorState(mixed_precision="bf16", cpu=True).num_processes == 1
     with pytest.raises(ValueError, match="pass mixed_precision='fp16' to Accelerator"):
         AcceleratorState(mixed_precision="fp16")
+    with pytest.raises(ValueError, match=r"pass fsdp_plugin=\.\.\. to Accelerator"):
+        AcceleratorState(fsdp_plugin=object())
+    with pytest.raises(TypeError, match="GradientState takes"):
+        GradientState(plugin=None)
     with pytest.raises(AttributeError, match="cannot be assigned"):
         accelerator.state.num_processes = 4
 
