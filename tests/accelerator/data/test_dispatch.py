@@ -227,7 +227,19 @@ def accelerator_on_ranks():
         # it only as the Accelerator's pickling allows (a console live view does not pickle)
         copy = pickle.loads(pickle.dumps(loader.loader))
         again = [batch["index"].tolist() for batch in copy]
-        out[name] = (seen, ends, skipped, again, [b["index"].tolist() for b in loader])
+        full = [b["index"].tolist() for b in loader]
+        resumed = None
+        if "stream" not in name:  # a checkpointed pass resumes in its own order (shuffled)
+            loader = accelerator.prepare(DataLoader(Table(40), batch_size=4, shuffle=True))
+            batches = iter(loader)
+            next(batches)
+            saved = loader.state_dict()
+            rest = [batch["index"].tolist() for batch in batches]
+            torch.rand(3)  # the RNG moves on before the run "dies"
+            loader.load_state_dict(saved)
+            again_rest = accelerator.skip_first_batches(loader, saved["batches"])
+            resumed = (rest, [batch["index"].tolist() for batch in again_rest])
+        out[name] = (seen, ends, skipped, again, full, resumed)
         accelerator.end_training()
     return out
 
@@ -236,7 +248,9 @@ def test_an_accelerators_dispatched_loaders():
     ranks = run_ranks(accelerator_on_ranks, world_size=WORLD)
     for name in ranks[0]:
         for rank, results in enumerate(ranks):
-            seen, ends, skipped, again, full = results[name]
+            seen, ends, skipped, again, full, resumed = results[name]
+            if resumed is not None:
+                assert resumed[0] == resumed[1] and len(resumed[0]) > 1, (name, rank)
             assert seen == list(range(11)), (name, rank)
             assert ends == [False] * (len(ends) - 1) + [True], (name, rank)
             assert skipped == full[1:] and again == full, (name, rank)
