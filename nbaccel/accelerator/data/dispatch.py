@@ -95,7 +95,8 @@ class DispatchedDataLoader:
     def __iter__(self) -> Iterator[Any]:
         self.remainder = None
         # every rank starts an iterator, as Accelerate's do: it draws the same random numbers
-        # (the workers' base seed) on every rank; only rank 0 reads from it
+        # (the workers' base seed) on every rank; only rank 0 reads from it (with num_workers,
+        # the other ranks' workers start too and prefetch a few batches nobody reads)
         batches = iter(self.loader)
         ahead = self._read_step(batches)
         head = None  # the epoch's first samples, to top up a short last step
