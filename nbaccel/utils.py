@@ -28,6 +28,8 @@ from .accelerator.collectives import (
     reduce,
     world_size,
 )
+from .accelerator.data.prepare import prepare_data_loader
+from .accelerator.data.samplers import SeedableRandomSampler
 from .accelerator.data.sharding import DataLoaderConfiguration
 from .accelerator.project import ProjectConfiguration
 from .accelerator.state import DistributedType, PartialState
@@ -44,11 +46,13 @@ __all__ = [
     "PartialState",
     "ProjectConfiguration",
     "Reduction",
+    "SeedableRandomSampler",
     "broadcast",
     "broadcast_object_list",
     "gather",
     "gather_object",
     "pad_across_processes",
+    "prepare_data_loader",
     "reduce",
     "send_to_device",
     "set_seed",
