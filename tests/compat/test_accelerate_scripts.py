@@ -43,7 +43,6 @@ ALL_CASES = [
     "test_ops::test_reduce_mean",
     "test_ops::test_reduce_max",
     "test_ops::test_op_checker",
-    "test_ops::test_op_checker",
     "test_ops::test_copy_tensor_to_devices",
     "test_distributed_data_loop::main_prelude",
     "test_distributed_data_loop::test_default_ensures_even_batch_sizes",
@@ -75,8 +74,6 @@ ALL_CASES = [
     "test_notebook::test_can_initialize",
     "test_notebook::test_clean_cuda_fork",
     "test_notebook::test_static_rdzv_backend",
-    "test_notebook::test_c10d_rdzv_backend",
-    "test_notebook::test_monitoring",
     "test_notebook::test_c10d_rdzv_backend",
     "test_notebook::test_fault_tolerant",
     "test_notebook::test_monitoring",
@@ -111,6 +108,7 @@ EXPECTED_TO_PASS = {
     "test_ops::test_reduce_sum",
     "test_ops::test_reduce_mean",
     "test_ops::test_reduce_max",
+    "test_ops::test_op_checker",
     "test_ops::test_copy_tensor_to_devices",
     "test_distributed_data_loop::main_prelude",
     "test_distributed_data_loop::test_default_ensures_even_batch_sizes",
@@ -128,6 +126,8 @@ EXPECTED_TO_PASS = {
     "test_notebook::test_can_initialize",
     "test_notebook::test_clean_cuda_fork",
     "test_notebook::test_static_rdzv_backend",
+    "test_notebook::test_c10d_rdzv_backend",
+    "test_notebook::test_monitoring",
 }
 
 SCRIPTS = list(dict.fromkeys(case.split("::")[0] for case in ALL_CASES))
