@@ -7,6 +7,10 @@ The engine owns more than DDP or FSDP do, and the Accelerator leaves it all to t
   are prepared in one ``prepare`` call;
 * it divides the loss for accumulation, scales fp16 losses, clips and zeroes the gradients,
   and decides when they are reduced (told which micro-batch ends a window);
+* it steps inside ``accelerator.backward``, as in Accelerate: the backward that ends a window
+  also runs the engine's step (clip, optimizer step, zero the gradients), so the prepared
+  optimizer's ``step()`` and ``zero_grad()`` do nothing. Code that reads the gradients between
+  ``backward`` and ``step`` finds them already used and zeroed, as it would under Accelerate;
 * it saves its own sharded checkpoint, which ``save_state`` puts inside nbaccel's folder;
 * it needs a process group even for one process: a private one (no port), left in ``end``.
 
@@ -29,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ...env import backend_for
-from ...observe.breakdown import Breakdown, computing
+from ...observe.breakdown import Breakdown
 from .. import checkpoint
 from ..accumulation import AccumulationWindow, GradientAccumulationPlugin
 from ..data.loader import PreparedDataLoader
@@ -69,6 +73,7 @@ class DeepSpeed(Strategy):
         super().__init__(plugin, state, mixed_precision, precision_given, accumulation)
         self.accumulation_steps = steps  # the config may have given it
         self.engine: Any = None  # once prepared
+        self.optimizer: DeepSpeedOptimizer | None = None  # told when the engine steps
         # Last, so that nothing above can fail with the group made: DeepSpeed needs a
         # process group even for one process, and reads LOCAL_RANK; end() undoes both.
         self._private_group = not dist.is_initialized()
@@ -106,7 +111,7 @@ class DeepSpeed(Strategy):
             model, optimizer = objects[models[0]], objects[optimizers[0]]
             self._initialize(model, optimizer, loaders[0].batch_size if loaders else None)
             prepared[models[0]] = prepare_one(self.engine)  # kept as the Accelerator's model
-            prepared[optimizers[0]] = prepare_one(optimizer)  # its step is the engine's
+            prepared[optimizers[0]] = prepare_one(optimizer)  # stepped by backward
         return prepared
 
     def _initialize(self, model: torch.nn.Module, optimizer: Any, batch_size: int | None) -> None:
@@ -127,15 +132,34 @@ class DeepSpeed(Strategy):
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, window: AccumulationWindow
     ) -> AcceleratedOptimizer:
-        return DeepSpeedOptimizer(optimizer, window, self.precision, self.engine, self.breakdown)
+        self.optimizer = DeepSpeedOptimizer(
+            optimizer, window, self.precision, self.engine, self.breakdown
+        )
+        return self.optimizer
 
     # -- the training step: the engine's -------------------------------------------------------
     def backward(self, loss: torch.Tensor, sync: bool, **kwargs: Any) -> None:
+        """The engine's backward and, on the micro-batch that ends the window, its step.
+
+        Accelerate's order, so that its loops give the same numbers here: by the time
+        ``backward`` returns at a window's end the weights have moved and the gradients are
+        zeroed; ``optimizer.step()`` that follows does nothing.
+        """
         # the engine divides by the accumulation steps and scales fp16 losses itself
         self.engine.set_gradient_accumulation_boundary(sync)
         self.engine.backward(loss, **kwargs)
+        if sync:
+            self.engine.step()  # clips, steps, zeroes the gradients; skips on fp16 overflow
+            if self.optimizer is not None:
+                self.optimizer.engine_stepped()
 
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float) -> None:
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float) -> Any:
+        """The norm the engine measured (before clipping) in the step that ``backward`` just
+        ran, as a float, as Accelerate returns it; None if the engine measured none.
+
+        The engine clips at ``DeepSpeedPlugin(gradient_clipping=...)``; asking for another
+        norm is an error (Accelerate ignores ``max_norm`` here).
+        """
         clip = self.config["gradient_clipping"]
         if float(max_norm) != clip or norm_type != 2.0:
             now = f"at {clip}" if clip else "not at all (gradient_clipping unset)"
@@ -144,7 +168,8 @@ class DeepSpeed(Strategy):
                 f"DeepSpeed: the engine clips the 2-norm inside its step, here {now}. Give "
                 f"the norm once: DeepSpeedPlugin(gradient_clipping={max_norm})."
             )
-        return None  # the engine clips inside optimizer.step()
+        norm = self.engine.get_global_grad_norm()
+        return norm.item() if isinstance(norm, torch.Tensor) else norm
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         raise ValueError(
@@ -209,9 +234,12 @@ class DeepSpeed(Strategy):
 
 
 class DeepSpeedOptimizer(AcceleratedOptimizer):
-    """The user's optimizer, stepped by the engine: ``step()`` is ``engine.step()``.
+    """The user's optimizer inside the engine, which ``accelerator.backward`` steps.
 
-    The engine zeroes the gradients after its step, so ``zero_grad()`` does nothing.
+    As in Accelerate, ``step()`` and ``zero_grad()`` do nothing: the backward that ends a window
+    has already stepped the engine, which zeroes the gradients after its step. A loop written
+    with them runs unchanged. ``step_was_skipped`` says whether that step left the weights as
+    they were (fp16 found inf/NaN gradients); the scheduler asks the same.
     """
 
     def __init__(
@@ -227,11 +255,17 @@ class DeepSpeedOptimizer(AcceleratedOptimizer):
 
     def step(self, closure=None):  # type: ignore[override]
         if closure is not None:
-            raise ValueError("optimizer.step(closure) is not supported under DeepSpeed")
-        with computing(self.breakdown):
-            self.engine.step()
-        self.stepped = self.window.sync_gradients and self.engine.was_step_applied()
-        self.step_was_skipped = self.window.sync_gradients and not self.stepped
+            raise ValueError(
+                "optimizer.step(closure) under DeepSpeed: accelerator.backward(loss) steps the "
+                "engine, so a closure would never run; call the loss and backward yourself."
+            )
+        return None
+
+    def engine_stepped(self) -> None:
+        """The engine stepped at the window's end (inside ``backward``): record whether the
+        weights moved, for ``step_was_skipped`` and the scheduler."""
+        self.stepped = bool(self.engine.was_step_applied())
+        self.step_was_skipped = not self.stepped
         self.window.stepped(self.optimizer, self.stepped)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

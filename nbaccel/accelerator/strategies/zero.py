@@ -8,11 +8,12 @@ does not change:
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
 ``prepare`` hands the model and the optimizer to ``deepspeed.initialize`` (so they must be
-prepared in the same call) and returns the engine as the model. ``backward`` is the engine's,
-``optimizer.step()`` is ``engine.step()``, and ``accumulate`` tells the engine which micro-batch
-ends a window. Everything given to the Accelerator (accumulation steps, mixed precision, the
-DataLoader's batch size) is written into the DeepSpeed config; a config that says otherwise is
-an error, never silently overridden.
+prepared in the same call) and returns the engine as the model. ``accumulate`` tells the
+engine which micro-batch ends a window, and ``backward`` on that micro-batch also steps the
+engine, as Accelerate's does: ``optimizer.step()`` and ``zero_grad()`` then do nothing.
+Everything given to the Accelerator (accumulation steps, mixed precision, the DataLoader's
+batch size) is written into the DeepSpeed config; a config that says otherwise is an error,
+never silently overridden.
 
 This module is DeepSpeed's side of the strategy in ``deepspeed`` (beside it): the plugin, the
 config it becomes, importing and starting DeepSpeed quietly, and building its op.

@@ -39,7 +39,7 @@ def test_zero_matches_one_process_and_saves_a_plain_state_dict(tmp_path, stage, 
         assert results[0]["local"] == results[0]["total"]
 
 
-def zero_clips_like_torch(max_norm: float) -> float:
+def zero_clips_like_torch(max_norm: float) -> tuple[float, float]:
     plugin = DeepSpeedPlugin(zero_stage=2, gradient_clipping=max_norm)
     accelerator = Accelerator(deepspeed_plugin=plugin, live=False)
     set_seed(0)
@@ -51,15 +51,18 @@ def zero_clips_like_torch(max_norm: float) -> float:
     x = torch.randn(16, 8, generator=torch.Generator().manual_seed(3))
     y = x.sum(dim=1, keepdim=True) * 10  # large gradients: clipping bites
     mine = slice(8 * accelerator.rank, 8 * accelerator.rank + 8)
+    norm_gap = 0.0
     for _ in range(3):
-        accelerator.backward(nn.functional.mse_loss(model(x[mine]), y[mine]))
-        assert accelerator.clip_grad_norm_(model.parameters(), max_norm) is None  # in the step
+        accelerator.backward(nn.functional.mse_loss(model(x[mine]), y[mine]))  # and the step
+        norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)  # the step's norm
         optimizer.step()
         optimizer.zero_grad()
         plain.zero_grad()
         nn.functional.mse_loss(reference(x), y).backward()
-        torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
+        plain_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
         plain.step()
+        assert isinstance(norm, float) and norm > max_norm  # as Accelerate returns it
+        norm_gap = max(norm_gap, abs(norm - plain_norm.item()))
     # collectives keep working beside the engine
     gathered = accelerator.gather_for_metrics(torch.tensor([accelerator.rank]))
     assert gathered.tolist() == [0, 1]
@@ -67,13 +70,15 @@ def zero_clips_like_torch(max_norm: float) -> float:
         accelerator.clip_grad_norm_(model.parameters(), 2.0)  # not what the engine was given
     full = accelerator.get_state_dict(model)
     accelerator.end_training()
-    return max((full[k] - v).abs().max().item() for k, v in reference.state_dict().items())
+    gap = max((full[k] - v).abs().max().item() for k, v in reference.state_dict().items())
+    return gap, norm_gap
 
 
 @pytest.mark.multiprocess
 def test_gradient_clipping_given_once_matches_torch_clipping():
-    for gap in run_ranks(zero_clips_like_torch, 0.5):
+    for gap, norm_gap in run_ranks(zero_clips_like_torch, 0.5):
         assert gap < DDP_TOLERANCE, f"clipped weights differ by {gap:.2e}"
+        assert norm_gap < DDP_TOLERANCE, f"returned norms differ by {norm_gap:.2e}"
 
 
 @pytest.mark.multiprocess
@@ -125,6 +130,9 @@ def test_one_process_trains_through_deepspeed_and_leaves_nothing_behind(stage, o
         nn.functional.mse_loss(reference(x), y).backward()
         plain.step()
         plain_schedule.step()
+    assert not accelerator.optimizer_step_was_skipped
+    with pytest.raises(ValueError, match=r"accelerator.backward\(loss\) steps the engine"):
+        optimizer.step(lambda: 0.0)
     full = accelerator.get_state_dict(model)
     accelerator.end_training()
     assert max((full[k] - v).abs().max().item() for k, v in reference.state_dict().items()) < 1e-6
