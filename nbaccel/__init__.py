@@ -35,16 +35,30 @@ _EXPORTS = {
     "ProjectConfiguration": "accelerator.project",
     "GeneralTracker": "observe.trackers.general",
     "LoggerType": "observe.trackers.general",
+    "AcceleratorState": "accelerator.views",
+    "GradientState": "accelerator.views",
+    "AutocastKwargs": "accelerator.handlers",
+    "DDPCommunicationHookType": "accelerator.handlers",
+    "DistributedDataParallelKwargs": "accelerator.handlers",
+    "GradScalerKwargs": "accelerator.handlers",
+    "InitProcessGroupKwargs": "accelerator.handlers",
 }
 __all__ = [
     "Accelerator",
+    "AcceleratorState",
+    "AutocastKwargs",
     "CheckpointError",
+    "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DeepSpeedPlugin",
+    "DistributedDataParallelKwargs",
     "DistributedType",
     "FSDPPlugin",
     "GeneralTracker",
+    "GradScalerKwargs",
     "GradientAccumulationPlugin",
+    "GradientState",
+    "InitProcessGroupKwargs",
     "LaunchError",
     "LiveView",
     "LoggerType",
@@ -64,10 +78,18 @@ if TYPE_CHECKING:
     from .accelerator.accelerator import Accelerator
     from .accelerator.accumulation import GradientAccumulationPlugin
     from .accelerator.data.sharding import DataLoaderConfiguration
+    from .accelerator.handlers import (
+        AutocastKwargs,
+        DDPCommunicationHookType,
+        DistributedDataParallelKwargs,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+    )
     from .accelerator.project import ProjectConfiguration
     from .accelerator.state import DistributedType, PartialState
     from .accelerator.strategies.fsdp import FSDPPlugin
     from .accelerator.strategies.zero import DeepSpeedPlugin
+    from .accelerator.views import AcceleratorState, GradientState
     from .errors import CheckpointError, LaunchError, NbaccelError
     from .lab.scaling import measure_scaling
     from .launch.launcher import notebook_launcher

@@ -31,6 +31,14 @@ from .accelerator.collectives import (
 from .accelerator.data.prepare import prepare_data_loader
 from .accelerator.data.samplers import SeedableRandomSampler
 from .accelerator.data.sharding import DataLoaderConfiguration
+from .accelerator.handlers import (
+    AutocastKwargs,
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+)
 from .accelerator.project import ProjectConfiguration
 from .accelerator.state import DistributedType, PartialState
 from .env import DistEnv
@@ -38,10 +46,16 @@ from .errors import DistributedOperationException
 from .observe.trackers.general import LoggerType
 
 __all__ = [
+    "AutocastKwargs",
+    "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
+    "GradScalerKwargs",
     "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs",
+    "KwargsHandler",
     "LoggerType",
     "PartialState",
     "ProjectConfiguration",

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import enum
 import functools
 import gc
 import warnings
@@ -47,30 +46,7 @@ from ..observe.breakdown import Breakdown, communicating
 from ..observe.stacks import listen_from_environ
 from . import collectives
 from .collectives import Reduction
-
-
-class DistributedType(str, enum.Enum):
-    """How the processes train together, by Accelerate's names (compares equal to the string).
-
-    nbaccel reports the first five. The others are Accelerate's for devices and engines nbaccel
-    does not drive; they exist so that code comparing against them
-    (``if accelerator.distributed_type == DistributedType.XLA:``) runs here unchanged.
-    """
-
-    NO = "NO"  # one process
-    MULTI_CPU = "MULTI_CPU"  # DDP over gloo
-    MULTI_GPU = "MULTI_GPU"  # DDP over NCCL
-    FSDP = "FSDP"  # sharded by FSDP2 (several processes)
-    DEEPSPEED = "DEEPSPEED"  # a DeepSpeed engine (any number of processes)
-    MULTI_NPU = "MULTI_NPU"
-    MULTI_MLU = "MULTI_MLU"
-    MULTI_SDAA = "MULTI_SDAA"
-    MULTI_MUSA = "MULTI_MUSA"
-    MULTI_XPU = "MULTI_XPU"
-    MULTI_HPU = "MULTI_HPU"
-    MULTI_NEURON = "MULTI_NEURON"
-    XLA = "XLA"
-    MEGATRON_LM = "MEGATRON_LM"
+from .kinds import DistributedType  # here too: Accelerate's code imports it from its state
 
 
 class PartialState:
@@ -277,8 +253,8 @@ class PartialState:
     def gather(self, tensor: Any) -> Any:
         """Concatenate each tensor across ranks along dim 0, in rank order (0-d tensors stack).
 
-        Every rank must pass tensors of the same shape (else every rank raises a ``ValueError``
-        naming each rank's shape); see ``pad_across_processes``.
+        Every rank must pass tensors of the same shape (else every rank raises a
+        ``DistributedOperationException``, also a ``ValueError``, naming each rank's shapes).
         """
         with self._collective("gather"):
             return collectives.gather(tensor)
@@ -329,7 +305,7 @@ class PartialState:
         flags are then lowered). A collective: every rank must call it at the same point."""
         flag = torch.tensor(float(self._triggered), device=self.device)
         with self._collective("check_trigger"):
-            flag = collectives.reduce(flag, "max")
+            flag = collectives._reduce(flag, "max")  # one float on every rank: no shape check
         self._triggered = False
         return bool(flag.item())
 
@@ -357,6 +333,17 @@ class PartialState:
         finally:
             _holders.discard(self)
             self._ended = True
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its hold on the process group (a weak reference, this process's)."""
+        return {**self.__dict__, "_group": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy uses this process's default group, if any, but does not hold it: only the
+        state that joined it counts towards destroying it."""
+        self.__dict__.update(state)
+        if dist.is_available() and dist.is_initialized() and not self._ended:
+            self._group = weakref.ref(dist.group.WORLD)
 
     def __repr__(self) -> str:
         return (

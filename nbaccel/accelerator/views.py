@@ -81,6 +81,18 @@ _ABSENT: dict[str, Any] = {
 }
 
 
+#: What ``AcceleratorState.__dict__`` shows: the facts Accelerate's state holds as data.
+_FACTS = (
+    "distributed_type",
+    "num_processes",
+    "process_index",
+    "local_process_index",
+    "device",
+    "mixed_precision",
+    "backend",
+)
+
+
 class AcceleratorState:
     """Accelerate's ``AcceleratorState``: the facts of one Accelerator, read through.
 
@@ -136,6 +148,14 @@ class AcceleratorState:
                 "set when it was created. Pass the value to Accelerator(...) instead."
             )
         self._accelerator.distributed_type = value  # what that Accelerator reports, from now
+
+    @property
+    def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+        """The facts, as Accelerate's state keeps them in its ``__dict__`` (one dict, shared):
+        so two views of equal states, an Accelerator's and its pickled copy's, compare equal
+        by ``__dict__`` as Accelerate's do. The view's reference to its Accelerator is kept
+        in the instance's own storage, which this property does not show."""
+        return {name: getattr(self, name) for name in _FACTS}
 
     @property
     def deepspeed_plugins(self) -> dict[str, Any] | None:

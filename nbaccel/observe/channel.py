@@ -96,6 +96,11 @@ class Channel:
         if self._sock is not None:
             _open_channels.add(self)
 
+    def __getstate__(self) -> dict:
+        """A pickled copy (of an Accelerator, say) is not connected: its records go to its
+        ``run``, if it has one, else nowhere; the launcher hears only the original."""
+        return {**self.__dict__, "_sock": None, "_buffer": deque()}
+
     @classmethod
     def from_environ(cls, rank: int, run: Run | None = None) -> Channel:
         fd = os.environ.get(CHANNEL_VAR)

@@ -197,6 +197,11 @@ class Recorder:
         if self._view is not None:
             self._view.close(self.run)
 
+    def __getstate__(self) -> dict:
+        """A pickled copy draws nothing (the view is the original's) and sends nothing
+        (``Channel.__getstate__``)."""
+        return {**self.__dict__, "_view": None, "_live": False}
+
     def __enter__(self) -> Recorder:
         return self
 

@@ -66,7 +66,6 @@ def test_utils_functions_take_accelerates_parameters(name):
 # Accelerate's parameters that nbaccel does not take yet (the README's table says so)
 NOT_YET = {
     "prepare": {"device_placement"},
-    "autocast": {"autocast_handler"},
     "unwrap_model": {"keep_torch_compile"},
     "save": {"f", "safe_serialization"},
     "save_state": {"safe_serialization", "save_model_func_kwargs"},

@@ -79,56 +79,20 @@ ALL_CASES = [
     "test_notebook::test_monitoring",
 ]
 
-# The cases that pass against nbaccel today. When one more passes, add its id here.
-EXPECTED_TO_PASS = {
-    "test_sync::main_prelude",
-    "test_sync::test_distributed_sync",
-    "test_sync::test_distributed_sync_multiple_fwd",
-    "test_sync::test_gradient_accumulation[split=0,dispatch=0,sync_each=0]",
-    "test_sync::test_gradient_accumulation[split=0,dispatch=0,sync_each=1]",
-    "test_sync::test_gradient_accumulation[split=1,dispatch=0,sync_each=0]",
-    "test_sync::test_gradient_accumulation[split=1,dispatch=0,sync_each=1]",
-    "test_sync::test_gradient_accumulation_with_opt_and_scheduler[split=0,dispatch=0,sync_each=0]",
-    "test_sync::test_gradient_accumulation_with_opt_and_scheduler[split=0,dispatch=0,sync_each=1]",
-    "test_sync::test_gradient_accumulation_with_opt_and_scheduler[split=1,dispatch=0,sync_each=0]",
-    "test_sync::test_gradient_accumulation_with_opt_and_scheduler[split=1,dispatch=0,sync_each=1]",
-    "test_sync::test_gradient_accumulation[split=0,dispatch=1,sync_each=0]",
-    "test_sync::test_gradient_accumulation[split=0,dispatch=1,sync_each=1]",
-    "test_sync::test_gradient_accumulation[split=1,dispatch=1,sync_each=0]",
-    "test_sync::test_gradient_accumulation[split=1,dispatch=1,sync_each=1]",
-    "test_sync::test_gradient_accumulation_with_opt_and_scheduler[split=0,dispatch=1,sync_each=0]",
-    "test_sync::test_gradient_accumulation_with_opt_and_scheduler[split=0,dispatch=1,sync_each=1]",
-    "test_sync::test_gradient_accumulation_with_opt_and_scheduler[split=1,dispatch=1,sync_each=0]",
-    "test_sync::test_gradient_accumulation_with_opt_and_scheduler[split=1,dispatch=1,sync_each=1]",
-    "test_ops::test_gather",
-    "test_ops::test_gather_object",
-    "test_ops::test_gather_non_contiguous",
-    "test_ops::test_broadcast",
-    "test_ops::test_pad_across_processes",
-    "test_ops::test_reduce_sum",
-    "test_ops::test_reduce_mean",
-    "test_ops::test_reduce_max",
-    "test_ops::test_op_checker",
-    "test_ops::test_copy_tensor_to_devices",
-    "test_distributed_data_loop::main_prelude",
-    "test_distributed_data_loop::test_default_ensures_even_batch_sizes",
-    "test_distributed_data_loop::test_can_disable_even_batches",
-    "test_distributed_data_loop::test_data_loader[shuffle=False]",
-    "test_distributed_data_loop::test_data_loader[shuffle=True]",
-    "test_distributed_data_loop::test_data_loader[batch_sampler]",
-    "test_distributed_data_loop::test_data_loader[sampler=BatchSampler]",
-    "test_script::main_prelude",
-    "test_script::process_execution_check",
-    "test_script::check_seedable_sampler",
-    "test_script::check_seedable_sampler_with_data_seed",
-    "test_script::check_seedable_sampler_in_batch_sampler_shard",
-    "test_script::test_trigger",
-    "test_notebook::test_can_initialize",
-    "test_notebook::test_clean_cuda_fork",
-    "test_notebook::test_static_rdzv_backend",
-    "test_notebook::test_c10d_rdzv_backend",
-    "test_notebook::test_monitoring",
+# The cases that pass against nbaccel today. When one more passes, add it here: every case but
+# those in CANNOT_PASS, each with its reason (the README's compatibility table gives them too).
+CANNOT_PASS = {
+    # Accelerate's own helper accelerate.test_utils.are_the_same_tensors (not an import of the
+    # script, so it stays Accelerate's) reads Accelerate's AcceleratorState singleton, which
+    # only Accelerate's Accelerator creates.
+    "test_script::rng_sync_check",
+    "test_script::training_check[seedable=False]",
+    "test_script::training_check[seedable=True]",
+    # passes a fork-context multiprocessing Queue as an argument: it cannot travel by value to
+    # workers that are not forks of the caller (ACCELERATE-CASES.md counts it as by design)
+    "test_notebook::test_fault_tolerant",
 }
+EXPECTED_TO_PASS = set(ALL_CASES) - CANNOT_PASS
 
 SCRIPTS = list(dict.fromkeys(case.split("::")[0] for case in ALL_CASES))
 
@@ -136,7 +100,8 @@ SCRIPTS = list(dict.fromkeys(case.split("::")[0] for case in ALL_CASES))
 def test_the_installed_scripts_hold_the_63_cases():
     assert len(ALL_CASES) == 63
     assert [case.id for case in compat.discover()] == ALL_CASES
-    assert set(ALL_CASES) >= EXPECTED_TO_PASS
+    assert set(ALL_CASES) >= CANNOT_PASS
+    assert len(EXPECTED_TO_PASS) >= 55  # issue 32: at most 8 of the 63 may fail
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -174,8 +139,7 @@ def test_a_name_nbaccel_lacks_stays_accelerates():
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_expected_cases_pass(script):
     cases = [c for c in compat.discover() if c.script == script and c.id in EXPECTED_TO_PASS]
-    if not cases:
-        pytest.skip(f"no case of {script} is expected to pass yet")
+    assert cases, f"every script has cases that pass: {script}"
     outcomes = compat.run_cases(cases)
     failed = [o for o in outcomes if not o.passed]
     assert not failed, "cases expected to pass failed:\n" + compat.table(failed)

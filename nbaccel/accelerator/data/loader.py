@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 class _Pass:
     remainder: int | None
     end: bool = False
+    loader: Any = None  # the prepared loader being iterated (GradientState.active_dataloader)
 
 
 @dataclass
@@ -206,7 +207,7 @@ class PreparedDataLoader:
 
     def _pass(self, skip: int) -> Iterator[Any]:
         self.set_epoch(self.epoch)
-        frame = _Pass(None)
+        frame = _Pass(None, loader=self)
         self.state.active.append(frame)
         resume, self._resume = self._resume, None
         replay = resume.get("rng") if resume else None
