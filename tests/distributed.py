@@ -85,3 +85,26 @@ def _child(fn, args, rank, world_size, port, results) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def run_each(cases: dict[str, Callable[[], Any]]) -> dict[str, tuple[str, Any]]:
+    """On one rank, every case in order, each keeping its own error: ``{name: ("ok", value)}``
+    or ``{name: ("error", traceback)}``. Starting ranks is the expensive part, so a module
+    computes all its cases in one ``run_ranks`` and each test reads one (``values_of``)."""
+    out = {}
+    for name, case in cases.items():
+        try:
+            out[name] = ("ok", case())
+        except Exception:
+            out[name] = ("error", traceback.format_exc())
+    return out
+
+
+def values_of(results: list[dict], name: str) -> list:
+    """Every rank's value of the case ``name`` (``run_each``'s); a rank's error fails the test."""
+    values = []
+    for rank, result in enumerate(results):
+        status, value = result[name]
+        assert status == "ok", f"rank {rank}, case {name!r}:\n{value}"
+        values.append(value)
+    return values

@@ -12,7 +12,6 @@ import contextlib
 import functools
 import inspect
 import io
-import traceback
 
 import accelerate
 import accelerate.utils
@@ -31,7 +30,7 @@ from nbaccel import (
     PartialState,
 )
 
-from ..distributed import run_ranks
+from ..distributed import run_each, run_ranks, values_of
 
 LR_TOLERANCE = 1e-12  # the same float64 arithmetic, step for step
 DDP_TOLERANCE = 1e-5  # see tests/accelerator/test_multiprocess.py
@@ -514,13 +513,7 @@ CASES = {
 
 
 def every_case() -> dict:
-    out = {}
-    for name, case in CASES.items():
-        try:
-            out[name] = ("ok", case())
-        except Exception:
-            out[name] = ("error", traceback.format_exc())
-    return out
+    return run_each(CASES)
 
 
 @pytest.fixture(scope="module")
@@ -529,12 +522,7 @@ def two_ranks():
 
 
 def case(two_ranks, name):
-    values = []
-    for rank, result in enumerate(two_ranks):
-        status, value = result[name]
-        assert status == "ok", f"rank {rank}, case {name!r}:\n{value}"
-        values.append(value)
-    return values
+    return values_of(two_ranks, name)
 
 
 multiprocess = pytest.mark.multiprocess

@@ -8,7 +8,6 @@ The oracle is Accelerate's own Accelerator with the same handler, data and seed,
 
 from __future__ import annotations
 
-import traceback
 import warnings
 from datetime import timedelta
 
@@ -30,7 +29,7 @@ from nbaccel.accelerator.handlers import (
     InitProcessGroupKwargs,
 )
 
-from ..distributed import run_ranks
+from ..distributed import run_each, run_ranks, values_of
 
 HOOK_TOLERANCE = 1e-6  # the same hook on the same numbers: equal but for summation order
 STEPS = 4
@@ -236,13 +235,7 @@ CASES = {  # in this order: case_init needs a process without a group
 
 
 def every_case() -> dict:
-    out = {}
-    for name, case_fn in CASES.items():
-        try:
-            out[name] = ("ok", case_fn())
-        except Exception:
-            out[name] = ("error", traceback.format_exc())
-    return out
+    return run_each(CASES)
 
 
 @pytest.fixture(scope="module")
@@ -251,12 +244,7 @@ def two_ranks():
 
 
 def case(two_ranks, name):
-    values = []
-    for rank, result in enumerate(two_ranks):
-        status, value = result[name]
-        assert status == "ok", f"rank {rank}, case {name!r}:\n{value}"
-        values.append(value)
-    return values
+    return values_of(two_ranks, name)
 
 
 multiprocess = pytest.mark.multiprocess

@@ -63,36 +63,30 @@ class LoopState:
 def with_batch_sampler(loader: DataLoader, batch_sampler: Any, as_sampler: bool) -> DataLoader:
     where = {"sampler": batch_sampler, "batch_size": None} if as_sampler else {}
     return DataLoader(
-        loader.dataset,
-        **(where or {"batch_sampler": batch_sampler}),
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
-        persistent_workers=loader.persistent_workers,
+        loader.dataset, **(where or {"batch_sampler": batch_sampler}), **_workers_of(loader)
     )
 
 
 def with_dataset(loader: DataLoader, dataset: Any, batch_size: int) -> DataLoader:
     """``loader`` over another dataset (an IterableDataset's shard), ``batch_size`` a batch."""
     return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        drop_last=loader.drop_last,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
-        persistent_workers=loader.persistent_workers,
+        dataset, batch_size=batch_size, drop_last=loader.drop_last, **_workers_of(loader)
     )
+
+
+def _workers_of(loader: DataLoader) -> dict[str, Any]:
+    """How ``loader`` loads and collates: what a loader rebuilt from it keeps."""
+    return {
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "prefetch_factor": loader.prefetch_factor if loader.num_workers else None,
+        "persistent_workers": loader.persistent_workers,
+    }
 
 
 class SkippedDataLoader:
