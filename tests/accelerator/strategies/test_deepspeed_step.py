@@ -28,8 +28,8 @@ STEPS = 2  # micro-batches per window
 TOLERANCE = 1e-6
 
 
-def accelerate_deepspeed(stage: int):
-    """Accelerate's Accelerator with DeepSpeed on this CPU rank.
+def accelerate_deepspeed(stage: int, mixed_precision: str = "no"):
+    """Accelerate's Accelerator with DeepSpeed on this rank.
 
     * Its ``DeepSpeedPlugin`` asks for the installed transformers' version even when it will
       not use transformers (``zero3_init_flag`` off); transformers is not a dependency here,
@@ -45,26 +45,31 @@ def accelerate_deepspeed(stage: int):
     plugin = AcceleratePlugin(
         zero_stage=stage, gradient_accumulation_steps=STEPS, gradient_clipping=CLIP
     )
+    on_cpu = not torch.cuda.is_available()
     return accelerate.Accelerator(
+        mixed_precision=mixed_precision,
         gradient_accumulation_steps=STEPS,
         deepspeed_plugin=plugin,
-        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")],
+        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")] if on_cpu else None,
     )
 
 
-def loop(library: str, stage: int) -> list[dict]:
-    """A loop written for Accelerate, with what it sees at each point."""
+def loop(library: str, stage: int, mixed_precision: str = "no", ranks: int = 2) -> list[dict]:
+    """A loop written for Accelerate, with what it sees at each point (tensors on the CPU)."""
     from deepspeed.utils import safe_get_full_fp32_param
 
     if library == "accelerate":
-        accelerator = accelerate_deepspeed(stage)
+        accelerator = accelerate_deepspeed(stage, mixed_precision)
     else:
         plugin = DeepSpeedPlugin(zero_stage=stage, gradient_clipping=CLIP)
         accelerator = Accelerator(
-            gradient_accumulation_steps=STEPS, deepspeed_plugin=plugin, live=False
+            mixed_precision=mixed_precision,
+            gradient_accumulation_steps=STEPS,
+            deepspeed_plugin=plugin,
+            live=False,
         )
     assert str(accelerator.distributed_type) == "DistributedType.DEEPSPEED"
-    assert accelerator.num_processes == 2
+    assert accelerator.num_processes == ranks
     set_seed(0)
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -76,15 +81,15 @@ def loop(library: str, stage: int) -> list[dict]:
 
     def whole(param: torch.Tensor) -> torch.Tensor:
         # ZeRO 3 holds a shard: gather it (a collective, on every rank, in both libraries)
-        return safe_get_full_fp32_param(param) if stage == 3 else param.detach()
+        return safe_get_full_fp32_param(param) if stage == 3 else param.detach().float()
 
     def seen(point: str, **more) -> None:
         records.append(
             {
                 "point": point,
                 "sync": accelerator.sync_gradients,
-                "weights": [whole(p).clone() for p in params],
-                "grads": [None if p.grad is None else p.grad.clone() for p in params],
+                "weights": [whole(p).cpu().clone() for p in params],
+                "grads": [None if p.grad is None else p.grad.cpu().clone() for p in params],
                 "lr": optimizer.param_groups[0]["lr"],
                 "skipped": accelerator.optimizer_step_was_skipped,
                 **more,
@@ -94,7 +99,9 @@ def loop(library: str, stage: int) -> list[dict]:
     for x, y in loader:
         with accelerator.accumulate(model):
             seen("before backward")
-            accelerator.backward(nn.functional.mse_loss(model(x), y))
+            # Accelerate's engine takes inputs in its weights' dtype (fp16) and returns it
+            out = model(x.to(params[0].dtype)).float()
+            accelerator.backward(nn.functional.mse_loss(out, y))
             seen("backward")
             if accelerator.sync_gradients:
                 seen("clip", norm=accelerator.clip_grad_norm_(model.parameters(), CLIP))
@@ -119,6 +126,19 @@ def gap(mine: list, theirs: list) -> float:
     return worst
 
 
+def compare(mine: list[list[dict]], theirs: list[list[dict]], tolerance: float) -> None:
+    """Every rank's records agree, point by point, to ``tolerance``."""
+    for rank, (my_records, their_records) in enumerate(zip(mine, theirs, strict=True)):
+        for a, b in zip(my_records, their_records, strict=True):
+            where = f"rank {rank}, {a['point']}"
+            assert (a["point"], a["sync"]) == (b["point"], b["sync"]), where
+            assert gap(a["weights"], b["weights"]) <= tolerance, f"{where}: weights differ"
+            assert gap(a["grads"], b["grads"]) <= tolerance, f"{where}: gradients differ"
+            assert (a["lr"], a["skipped"]) == (b["lr"], b["skipped"]), where
+            if "norm" in b:
+                assert a["norm"] == pytest.approx(b["norm"], rel=tolerance, abs=tolerance), where
+
+
 @pytest.mark.multiprocess
 # Stage 1 keeps the gradients in ``param.grad``, where the loop reads them; stage 3 shards the
 # parameters too (stage 2, between the two, is checked against one process in test_deepspeed).
@@ -126,15 +146,8 @@ def gap(mine: list, theirs: list) -> float:
 def test_every_point_of_the_loop_sees_what_accelerate_shows(stage):
     theirs = run_ranks(loop, "accelerate", stage)
     mine = run_ranks(loop, "nbaccel", stage)
-    for rank in range(2):
-        for a, b in zip(mine[rank], theirs[rank], strict=True):
-            where = f"rank {rank}, ZeRO {stage}, {a['point']}"
-            assert (a["point"], a["sync"]) == (b["point"], b["sync"]), where
-            assert gap(a["weights"], b["weights"]) <= TOLERANCE, f"{where}: weights differ"
-            assert gap(a["grads"], b["grads"]) <= TOLERANCE, f"{where}: gradients differ"
-            assert a["lr"] == b["lr"] and a["skipped"] == b["skipped"] is False, where
-            if "norm" in b:
-                assert a["norm"] == pytest.approx(b["norm"], abs=TOLERANCE), where
+    compare(mine, theirs, TOLERANCE)
+    assert not any(r["skipped"] for r in mine[0])  # float32 skips no step
 
     # What those points are: the window's last backward has stepped and zeroed; step does nothing
     records = mine[0]
