@@ -227,7 +227,8 @@ class Accelerator(PartialState):
         * ``nn.Module``: on ``device``, wrapped by the strategy (DDP with several processes);
           its forward runs under autocast with mixed precision (outputs come back float32).
         * ``Optimizer``: follows the accumulation window (``optim``): ``step()`` waits for its
-          last micro-batch; with fp16 the GradScaler steps inside ``step()``.
+          last micro-batch; with fp16 the GradScaler steps inside ``step()``. Under DeepSpeed
+          ``backward`` steps the engine and ``step()`` does nothing, as in Accelerate.
         * ``DataLoader``: each rank gets ``batch_size`` distinct samples per step, on ``device``.
         * LR scheduler: steps only when its optimizer really stepped.
         """
@@ -318,8 +319,9 @@ class Accelerator(PartialState):
 
         Only on the micro-batch that syncs (returns None on the others): clipping a partial
         sum would clip the wrong gradient. Unscales fp16 gradients first. Under DeepSpeed the
-        engine clips inside its step, at ``DeepSpeedPlugin(gradient_clipping=...)``: this
-        checks that the norms agree and returns None.
+        engine clips inside the step that ``backward`` ran, at ``DeepSpeedPlugin(
+        gradient_clipping=...)``: this checks that the norms agree and returns the norm the
+        engine measured (a float), as Accelerate does.
         """
         if not self._unscaled_at_window_end():
             return None

@@ -54,9 +54,11 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
     * ``other``: any other tensor DeepSpeed's optimizer wrapper holds directly.
 
     Call it after ``backward`` and before ``optimizer.step()`` on a step after the first, when
-    gradients and optimizer state both exist. DDP's own gradient buckets live in C++ and are
-    not counted (with ``gradient_as_bucket_view=False``, PyTorch's default, they are another
-    copy of the gradients).
+    gradients and optimizer state both exist. Under DeepSpeed, ``backward`` on a window's last
+    micro-batch has already run the engine's step, which frees ZeRO 1-2's gradients: they
+    count 0 there (they exist only inside ``backward``). DDP's own gradient buckets live in
+    C++ and are not counted (with ``gradient_as_bucket_view=False``, PyTorch's default, they
+    are another copy of the gradients).
     """
     seen: set[int] = set()
     sizes = {"parameters": 0, "gradients": 0, "optimizer": 0, "other": 0}
