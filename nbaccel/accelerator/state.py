@@ -104,6 +104,8 @@ class PartialState:
                 backend, rank=self.env.rank, world_size=self.env.world_size, **kwargs
             )
             _created[dist.group.WORLD] = kwargs
+            atexit.unregister(_free_before_exit)  # once, however many joined
+            atexit.register(_free_before_exit)
         elif kwargs and _created.get(dist.group.WORLD) != kwargs:
             raise ValueError(
                 f"InitProcessGroupKwargs {kwargs}: the process group exists already (made by an "
@@ -111,8 +113,6 @@ class PartialState:
                 "init_method are fixed when it is made. Give the handler to the first "
                 "Accelerator, or destroy the group first."
             )
-            atexit.unregister(_free_before_exit)  # once, however many joined
-            atexit.register(_free_before_exit)
         self._group = weakref.ref(dist.group.WORLD)
         if dist.group.WORLD in _created:  # nbaccel's group (not one you made): hold it
             _holders.add(self)
