@@ -25,6 +25,7 @@ from dataclasses import replace
 from ..env import CHANNEL_VAR
 from ..errors import RETURN_INSTEAD
 from ..observe.stacks import listen_from_environ
+from .groups import keep_groups_until_exit
 from .protocol import (
     FDS_PER_WORKER,
     ExceptionData,
@@ -193,6 +194,7 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
     sys.path[:] = spec.sys_path
     torch.set_num_threads(spec.threads)
     listen_from_environ()  # answers "where are you?" while the function runs (stacks.py)
+    keep_groups_until_exit()
     channel = Connection(channel_fd)
     try:
         function, args, kwargs = unpack_call(channel.recv_bytes())

@@ -144,7 +144,9 @@ def machine() -> str:
 def needs(module: str, skipped: str, package: str | None = None) -> bool:
     """True when ``module`` is installed here. Otherwise print one line that says what is
     skipped and how to install ``package`` (default: the module's name) into this kernel's own
-    environment, whatever PATH says; the lesson then runs the rest and adapts its checks.
+    environment, whatever PATH says (IPython's ``%pip`` runs this kernel's pip; a printed path to
+    the interpreter would name the machine that ran the lesson); the lesson then runs the rest
+    and adapts its checks.
 
     >>> needs("torch", "nothing")
     True
@@ -153,7 +155,7 @@ def needs(module: str, skipped: str, package: str | None = None) -> bool:
         return True
     print(
         f"Skipped: {skipped}, which needs {package or module}, not installed here. To run it: "
-        f"!{sys.executable} -m pip install {package or module}, then restart the kernel."
+        f"%pip install {package or module}, then restart the kernel."
     )
     return False
 
