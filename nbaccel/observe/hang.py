@@ -106,6 +106,27 @@ def is_library(filename: str) -> bool:
     return filename.startswith(_library_dirs()) or filename.startswith("<frozen")
 
 
+@cache
+def _install_dirs() -> tuple[str, ...]:
+    """Where this environment's modules live, longest first: site-packages and the standard
+    library."""
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+    return tuple(os.path.join(d, "") for d in sorted(dirs, key=len, reverse=True))
+
+
+def shown_path(filename: str) -> str:
+    """A library's file as its import path reads (``torch/distributed/distributed_c10d.py``,
+    ``threading.py``, ``nbaccel/...`` from a source checkout too): the report names no folder of
+    the machine it ran on. Other files whole."""
+    if filename.startswith(os.path.join(PACKAGE, "")):
+        return os.path.join("nbaccel", filename[len(PACKAGE) + 1 :])
+    for folder in _install_dirs():
+        if filename.startswith(folder):
+            return filename[len(folder) :]
+    return filename
+
+
 def location(frame: Frame) -> str:
     """ "cell 3, line 8" for a notebook cell, else "train.py, line 8"."""
     cell = cell_number(frame.filename)
@@ -261,7 +282,7 @@ def _frames(stack: RankStack) -> str:
         lines.append(f"  thread {thread.name}{left_out}:")
         for frame in frames[-keep:]:
             cell = cell_number(frame.filename)
-            at = f"cell {cell}" if cell is not None else f'File "{frame.filename}"'
+            at = f"cell {cell}" if cell is not None else f'File "{shown_path(frame.filename)}"'
             lines.append(f"    {at}, line {frame.lineno}, in {frame.function}")
             source = linecache.getline(frame.filename, frame.lineno).strip()
             if source:

@@ -19,7 +19,15 @@ import torch
 
 from nbaccel import LaunchError, notebook_launcher
 from nbaccel.observe.channel import STEPS, Record
-from nbaccel.observe.hang import Stall, check_stall_warning, desyncs, report, steps_apart, where
+from nbaccel.observe.hang import (
+    Stall,
+    check_stall_warning,
+    desyncs,
+    report,
+    shown_path,
+    steps_apart,
+    where,
+)
 from nbaccel.observe.records import Run
 from nbaccel.observe.stacks import Frame, RankStack, ThreadStack, collect, socket_path
 
@@ -152,6 +160,20 @@ def test_the_report_names_every_rank_then_shows_their_frames_with_source():
     assert f'File "{here}", line {first}, in test_the_report_names_every_rank' in text
     assert "def test_the_report_names_every_rank_then_shows_their_frames_with_source():" in text
     assert "rank 0 (pid 1000):" in text and "rank 1 (pid 1001):" in text
+
+
+def test_a_librarys_frames_name_no_folder_of_the_machine():
+    """The report is pasted into issues and committed in lessons: torch's, the standard
+    library's and nbaccel's files read as their import paths; a user's file stays whole."""
+    c10d = importlib.util.find_spec("torch.distributed.distributed_c10d").origin
+    assert shown_path(c10d) == "torch/distributed/distributed_c10d.py"
+    assert shown_path(threading.__file__) == "threading.py"
+    runner = importlib.util.find_spec("nbaccel.launch.forkserver").origin
+    assert shown_path(runner) == "nbaccel/launch/forkserver.py"
+    assert shown_path(USER) == USER
+    found = report({0: stack(0, (USER, 8, "train"), (c10d, 2500, "all_reduce"))}, asked=[0])
+    assert 'File "torch/distributed/distributed_c10d.py", line 2500' in found.details
+    assert os.path.dirname(c10d) not in str(found)
 
 
 def test_the_workers_own_runner_frames_are_left_out():
