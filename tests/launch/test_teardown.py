@@ -61,6 +61,9 @@ def test_the_canonical_loop_ends_without_a_workaround_launch_after_launch():
 
 SCRIPT = textwrap.dedent(
     """
+    import pathlib
+    import sys
+
     import torch
     import torch.nn.functional as F
     from nbaccel import Accelerator
@@ -75,7 +78,8 @@ SCRIPT = textwrap.dedent(
         optimizer.step()
         optimizer.zero_grad()
     accelerator.end_training()  # no free_memory(), no gc.collect(), no del
-    print("ended", accelerator.process_index, flush=True)
+    # one file per rank: two ranks' prints share one pipe and may interleave
+    pathlib.Path(sys.argv[1], f"ended-{accelerator.process_index}").touch()
     """
 )
 
@@ -88,7 +92,11 @@ def test_end_training_under_torchrun_needs_no_workaround(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc-per-node", "2", str(script)]
-    for _ in range(3):
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    for attempt in range(3):
+        ended = tmp_path / str(attempt)
+        ended.mkdir()
+        done = subprocess.run(
+            [*command, str(ended)], env=env, capture_output=True, text=True, timeout=240
+        )
         assert done.returncode == 0, done.stderr[-3000:]
-        assert sorted(done.stdout.split()) == ["0", "1", "ended", "ended"], done.stdout
+        assert sorted(p.name for p in ended.iterdir()) == ["ended-0", "ended-1"], done.stdout
