@@ -7,8 +7,9 @@ Markdown cell, each opened by a marker that names the English cell and a hash of
     <!-- cell 4, English 1a2b3c4d5e6f -->
     ## 2. الحلقة الكاملة
     ...
-    <!-- after cell 11 -->
-    (a cell only the Arabic edition has, placed after English cell 11)
+
+The editions are equal in content: a section the English lesson lacks (``<!-- after cell N -->``,
+which older translations used) stops the build; write it in English and translate it.
 
 ``build`` makes ``notebooks/ar/<lesson>.ipynb`` from the English notebook: code cells copied as
 they are (source, metadata, outputs), Markdown cells replaced by their translation wrapped in
@@ -153,6 +154,28 @@ def wording(text: str, terms: list[Term]) -> list[str]:
     return problems
 
 
+# Two isolates joined by an operator or a subscript and no Arabic word: one formula in pieces
+# (``t_c + ...`` written bare, where the build's isolates stop at "_", or ``$a$ / $b$``).
+PIECES = re.compile(PDI + r"([^\u0600-\u06ff\n" + LRI + PDI + r"]*)" + LRI)
+JOINS = re.compile(r"[_^+−×÷=<>≤≥≈·]| - |^\s*/\s*$")
+
+
+def formula_in_pieces(text: str) -> list[str]:
+    """A formula the build would show in pieces, each isolated alone, so that the bidi algorithm
+    reorders the pieces in a right-to-left line. One ``$...$`` span keeps it whole, as in
+    English."""
+    shown = right_to_left(text)
+    problems = []
+    for join in PIECES.finditer(shown):
+        left = shown.rfind(LRI, 0, join.start())
+        right = shown.find(PDI, join.end())
+        code = shown[left + 1 : left + 2] == "`" and shown[join.end() : join.end() + 1] == "`"
+        if JOINS.search(join[1]) and not code:  # `save`/`load`: two names, no formula
+            piece = shown[left + 1 : right].replace(LRI, "").replace(PDI, "")
+            problems.append(f"«{piece}»: a formula in pieces; write it as one $...$ span")
+    return problems
+
+
 class Stale(ValueError):
     """A translation that no longer matches its English lesson."""
 
@@ -187,15 +210,15 @@ def parse(text: str) -> list[Section]:
 
 
 def translate(english, sections: list[Section], name: str):
-    """The Arabic notebook: ``english``'s cells with each Markdown cell's translation in place
-    and the Arabic-only cells after theirs. Raises ``Stale`` naming every mismatch."""
-    import nbformat
-
-    problems, by_cell, extra, terms = [], {}, {}, glossary()
+    """The Arabic notebook: ``english``'s cells with each Markdown cell's translation in place.
+    Raises ``Stale`` naming every mismatch."""
+    problems, by_cell, terms = [], {}, glossary()
     for section in sections:
         if section.english is None:
-            problems += [f"after cell {section.cell}: {w}" for w in wording(section.text, terms)]
-            extra.setdefault(section.cell, []).append(section.text)
+            problems.append(
+                f"after cell {section.cell}: a section only the Arabic edition has; the editions "
+                "are equal in content: add it to the English lesson and translate it there"
+            )
         elif section.cell in by_cell:
             problems.append(f"cell {section.cell} is translated twice")
         else:
@@ -215,7 +238,7 @@ def translate(english, sections: list[Section], name: str):
                 )
             elif not section.text:
                 problems.append(f"cell {index}: the translation is empty")
-            elif wrong := wording(section.text, terms):
+            elif wrong := wording(section.text, terms) + formula_in_pieces(section.text):
                 problems += [f"cell {index}: {w}" for w in wrong]
             else:
                 cell = copy.deepcopy(cell)
@@ -224,11 +247,7 @@ def translate(english, sections: list[Section], name: str):
         else:
             cell = copy.deepcopy(cell)
         cells.append(cell)
-        for text in extra.pop(index, []):
-            cells.append(nbformat.v4.new_markdown_cell(right_to_left(text)))
-            cells[-1].pop("id")  # nbformat's is random: the one below is the same every build
     problems += [f"cell {i} is not a Markdown cell of the English lesson" for i in by_cell]
-    problems += [f"'after cell {i}': the English lesson has no cell {i}" for i in extra]
     if problems:
         raise Stale(f"{name}: " + "; ".join(problems))
     arabic = copy.deepcopy(english)

@@ -11,8 +11,8 @@ import pytest
 from lessonbuild import edition, runner
 
 LESSONS = runner.lessons()
-GLOSSARY = {  # the course's own terms (issue 8), each listed in notebooks/ar/README.md
-    "التدريب المستقل عن الجهاز": "device-agnostic training",
+GLOSSARY = {  # the course's own terms (issues 8, 33), each listed in notebooks/ar/README.md
+    "التدريب غير المعتمد على الجهاز": "device-agnostic training",
     "تراكم التدرجات": "gradient accumulation",
     "الدقة المختلطة": "mixed precision",
     "تحجيم التدرجات": "gradient scaling",
@@ -186,6 +186,44 @@ def test_the_glossary_lists_the_course_terms_with_their_english():
     rows = [line for line in readme.splitlines() if line.startswith("|")]
     for arabic, english in GLOSSARY.items():
         assert any(arabic in row and english in row for row in rows), (arabic, english)
+
+
+def test_the_glossary_never_rules_out_a_word_of_the_course():
+    """Where we prefer another word we write it beside the course's, never instead of it."""
+    ruled_out = [variant for term in edition.glossary() for variant in term.avoid]
+    words = [*GLOSSARY, "الدقة المختلطة", "محمّل البيانات المُجهّز", "العمليات", "دفعات"]
+    assert not [(w, v) for w in words for v in ruled_out if v in w]  # the word would trip it
+    assert edition.wording("التدريب غير المعتمد على الجهاز (المستقل عنه)", edition.glossary()) == []
+
+
+def test_one_word_one_meaning_for_the_terms_that_clashed():
+    terms = edition.glossary()
+    (problem,) = edition.wording("أعد تشغيل نواة Jupyter", terms)
+    assert "«مُفسِّر الدفتر»" in problem
+    (problem,) = edition.wording("يضاعف معامل التحجيم", terms)
+    assert "«عامل التحجيم»" in problem
+    (problem,) = edition.wording("في جولة التدريب الثانية", terms)
+    assert "«التشغيل، الجولة»" in problem
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["الزمن t(N) = t_c + 2(N−1)/N × S/b هنا", "الزمن $t$_c + $x$ هنا", "النسبة $a$ / $b$ هنا"],
+)
+def test_the_build_refuses_a_formula_in_pieces(text):
+    """Each piece isolated alone, the pieces reorder right to left (lesson 5's central formula
+    did: "_c + " fell between two isolates). One $...$ span, as in English, is whole."""
+    (problem,) = edition.formula_in_pieces(text)
+    assert "one $...$ span" in problem
+    assert edition.formula_in_pieces("الزمن $t(N) = t_c + 2(N-1)/N$ هنا") == []
+    assert edition.formula_in_pieces("`save_state`/`load_state` هنا") == []  # two names
+
+
+def test_the_build_refuses_a_section_only_the_arabic_edition_has():
+    english = read(runner.NOTEBOOKS / runner.FLAGSHIP)
+    text = (edition.TEXT / "04_accelerate.md").read_text(encoding="utf-8")
+    with pytest.raises(edition.Stale, match="after cell 3: a section only the Arabic edition has"):
+        edition.translate(english, edition.parse(text + "\n<!-- after cell 3 -->\nنص إضافي"), "04")
 
 
 @pytest.mark.parametrize("english", LESSONS, ids=lambda p: p.stem)
