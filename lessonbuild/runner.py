@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.perf_counter()
     dest = args.out / FLAGSHIP
-    print(f"running {NOTEBOOKS / FLAGSHIP} on 2 CPU workers (about a minute) ...", flush=True)
+    print(f"running {NOTEBOOKS / FLAGSHIP} on 2 CPU workers (about two minutes) ...", flush=True)
     notebook = execute(NOTEBOOKS / FLAGSHIP, dest)
     panel = args.out / "final_panel.png"
     panel.write_bytes(final_panel(notebook))

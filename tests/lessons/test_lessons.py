@@ -54,6 +54,77 @@ def test_a_lesson_follows_the_conventions(path):
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_an_exercise_is_its_solution_then_the_learners_cell_then_its_check(path):
+    """The learner's cell comes after the hidden solution, so what the learner writes replaces
+    the solution and the check judges it; as shipped it holds only comments, and the solution
+    holds no assertion (the check does). tests/lessons/test_exercises.py runs them."""
+    cells = code(nbformat.read(path, as_version=4))
+    for i, cell in enumerate(cells):
+        if "solution" not in cell.metadata.get("tags", []):
+            continue
+        first = cell.source.splitlines()[0]
+        assert i + 2 < len(cells), f"{first!r}: no learner cell and check after it"
+        learner, check = cells[i + 1], cells[i + 2]
+        lines = [ln.strip() for ln in learner.source.splitlines() if ln.strip()]
+        assert lines and all(ln.startswith("#") for ln in lines), (
+            f"after {first!r}: the learner's cell must hold only comments, found {learner.source!r}"
+        )
+        assert check.source.startswith("# Check:"), f"after {first!r}: no check after the learner"
+        assert not re.search(r"^\s*assert\b", cell.source, re.M), f"{first!r} asserts itself"
+
+
+# What no output may name, whatever machine ran the lesson: a home folder, a virtual
+# environment, a checkout (lessonbuild's own "<clone>/" and "~/" included).
+MACHINE_PATHS = re.compile(
+    r"(?<![\w.])(/home/\w|/Users/\w|/root/|~/|<clone>/|/work/)|site-packages|dist-packages"
+    r"|/\.?venvs?/|/\.pyenv/|/bin/python"
+)
+
+
+def output_texts(notebook):
+    for cell in code(notebook):
+        for output in cell.outputs:
+            texts = [output.get("text", ""), output.get("evalue", "")]
+            texts += output.get("traceback", [])
+            texts += [v for k, v in output.get("data", {}).items() if k.startswith("text/")]
+            for text in texts:
+                yield cell, "".join(text) if isinstance(text, list) else text
+
+
+@pytest.mark.parametrize(
+    "path",
+    LESSONS + runner.lessons(runner.NOTEBOOKS / "ar"),
+    ids=lambda p: str(p.relative_to(runner.NOTEBOOKS)),
+)
+def test_no_output_names_a_folder_of_the_machine_that_ran_it(path):
+    found = [
+        (
+            cell.source.splitlines()[0][:60],
+            match[0],
+            text[max(0, match.start() - 60) : match.end() + 40],
+        )
+        for cell, text in output_texts(nbformat.read(path, as_version=4))
+        for match in MACHINE_PATHS.finditer(text)
+    ]
+    assert not found, f"outputs naming the machine's folders: {found[:5]}"
+
+
+def test_the_machine_path_pattern_finds_what_it_should():
+    for text in (
+        "/home/ana/x.py",
+        "~/.cache",
+        "<clone>/notebooks",
+        "/opt/venv/bin/python",
+        "lib/python3.11/site-packages/torch",
+        "/root/.venv/lib",
+        "/work/main/a",
+    ):
+        assert MACHINE_PATHS.search(text), text
+    for text in ("torch/distributed/distributed_c10d.py", "scratch/runs/lesson4", "a / b"):
+        assert not MACHINE_PATHS.search(text), text
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
 def test_a_lesson_is_committed_executed_with_clean_metadata(path):
     notebook = nbformat.read(path, as_version=4)
     assert set(notebook.metadata) == {"kernelspec", "language_info"}
