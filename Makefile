@@ -7,12 +7,12 @@ STAMP  := $(VENV)/.installed
 # Nothing here puts $(BIN) on PATH: the lessons and tests run as a kernel registered from the
 # venv does, and call commands through the interpreter (`!{sys.executable} -m nbaccel ...`).
 
-.PHONY: demo lessons lab test lint bench clean chromium gpu-check
+.PHONY: demo lessons lab test lint bench clean chromium slurm gpu-check
 
 # Reinstall whenever the pins or the declared dependencies change.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet -c constraints.txt -e '.[notebook,test,dev,deepspeed,browser,trackers]'
+	$(PIP) install --quiet -c constraints.txt -e '.[notebook,test,dev,deepspeed,browser,trackers,slurm]'
 	$(BIN)/python -m nbaccel build-ops
 	touch $(STAMP)
 
@@ -34,7 +34,8 @@ lint: $(STAMP)
 # The browser tests drive Debian's Chromium (never a downloaded browser). As root (CI) make
 # installs it and the tests must run; elsewhere they run if it is there and skip if not.
 CHROMIUM := /usr/bin/chromium
-BROWSER := $(shell test "$$(id -u)" = 0 && echo required)
+ROOT    := $(shell test "$$(id -u)" = 0 && echo required)
+BROWSER := $(ROOT)
 
 chromium:
 	@if [ ! -x $(CHROMIUM) ] && [ "$(BROWSER)" = required ]; then \
@@ -44,8 +45,21 @@ chromium:
 		echo "note: no $(CHROMIUM); the browser tests will skip (sudo apt-get install chromium)"; \
 	fi
 
-test: lint chromium
-	NBACCEL_BROWSER=$(BROWSER) $(BIN)/python -m pytest
+# The cluster tests (tests/slurm) start a two-node SLURM cluster on this machine from Debian's
+# packages, and stop it after. As root (CI) make installs the packages and the tests must run;
+# elsewhere they skip and say how to run them.
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge
+
+slurm:
+	@if [ ! -x /usr/sbin/slurmctld ] && [ "$(ROOT)" = required ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) > /dev/null; \
+	elif [ ! -x /usr/sbin/slurmctld ]; then \
+		echo "note: no SLURM; the cluster tests will skip (sudo make slurm installs it)"; \
+	fi
+
+test: lint chromium slurm
+	NBACCEL_BROWSER=$(BROWSER) NBACCEL_SLURM=$(ROOT) $(BIN)/python -m pytest
 
 # The GPU tier (tests/gpu) and the GPU benchmarks (benchmarks/gpu.py), from this working tree with
 # a given interpreter and no venv: on a GPU machine, `make gpu-check PYTHON=python3` (at most 8

@@ -25,6 +25,7 @@ _EXPORTS = {
     "LaunchError": "errors",
     "NbaccelError": "errors",
     "notebook_launcher": "launch.launcher",
+    "SlurmCluster": "launch.slurm",
     "Run": "observe.records",
     "LiveView": "observe.live.view",
     "measure_scaling": "lab.scaling",
@@ -67,6 +68,7 @@ __all__ = [
     "ProjectConfiguration",
     "Recorder",
     "Run",
+    "SlurmCluster",
     "Tracker",
     "measure_scaling",
     "notebook_launcher",
@@ -93,6 +95,7 @@ if TYPE_CHECKING:
     from .errors import CheckpointError, LaunchError, NbaccelError
     from .lab.scaling import measure_scaling
     from .launch.launcher import notebook_launcher
+    from .launch.slurm import SlurmCluster
     from .observe.live.view import LiveView
     from .observe.rank_recorder import Recorder, Tracker
     from .observe.records import Run

@@ -49,24 +49,29 @@ class RankFailure:
     message: str = ""  # the exception's; for a killed rank, what the launcher found about it
     traceback: str = ""
     secondary: bool = False  # a collective failed because another rank was gone
+    node: str | None = None  # on a cluster: the node it ran on, as SLURM names it
+
+    def who(self) -> str:
+        where = f" on node {self.node}" if self.node else ""
+        return f"rank {self.rank} (pid {self.pid}){where}"
 
     def describe(self) -> str:
         if self.exc_type == "SystemExit":  # sys.exit(...): its code and what Python prints
             note = f": {self.message}" if self.message else ""
-            return f"rank {self.rank} (pid {self.pid}) exited with code {self.exit_code}{note}"
+            return f"{self.who()} exited with code {self.exit_code}{note}"
         if self.exc_type is not None:
-            return f"rank {self.rank} (pid {self.pid}) raised {self.exc_type}: {self.message}"
+            return f"{self.who()} raised {self.exc_type}: {self.message}"
         if self.exit_code is not None and self.exit_code < 0:
             try:
                 name = signal.Signals(-self.exit_code).name
             except ValueError:
                 name = f"signal {-self.exit_code}"
-            killed = f"rank {self.rank} (pid {self.pid}) was killed by {name}"
+            killed = f"{self.who()} was killed by {name}"
             return f"{killed}; {self.message}" if self.message else killed  # e.g. memory's hint
         if self.exit_code is None:  # its exit was never seen; the message says why
-            return f"rank {self.rank} (pid {self.pid}) {self.message}"
+            return f"{self.who()} {self.message}"
         note = f" {self.message}" if self.message else ""
-        return f"rank {self.rank} (pid {self.pid}) exited with code {self.exit_code}{note}"
+        return f"{self.who()} exited with code {self.exit_code}{note}"
 
 
 class LaunchError(NbaccelError):

@@ -70,6 +70,10 @@ def _is_long_lived_helper(process: psutil.Process) -> bool:
     except psutil.NoSuchProcess:
         return False
     server = "-m nbaccel.launch.forkserver"  # a worker is forked from it: same command line
-    return "multiprocessing.resource_tracker" in command or (
-        server in command and server not in parents_command
+    # the test cluster's daemons live for the session (tests/slurm); its jobs' processes do not
+    daemons = ("cluster.py --supervise", "slurmctld -D", "slurmd -D", "munged -F")
+    return (
+        "multiprocessing.resource_tracker" in command
+        or (server in command and server not in parents_command)
+        or any(d in command for d in daemons)
     )

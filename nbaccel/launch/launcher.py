@@ -59,6 +59,7 @@ from ..observe.records import Run
 from .arguments import check_call, check_notebook_launch, check_options
 from .protocol import ExceptionData, pack_call
 from .rendezvous import loopback_interface, rendezvous
+from .slurm import SlurmCluster
 from .supervisor import Launch, LaunchSpec
 
 
@@ -86,6 +87,7 @@ def notebook_launcher(
     monitor_interval: float = 0.1,
     rdzv_backend: Literal["static", "c10d"] = "static",
     stall_warning: float | None = 60.0,
+    cluster: SlurmCluster | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` workers; return rank 0's value.
 
@@ -141,6 +143,10 @@ def notebook_launcher(
             agent polls at this interval (default 0.1 s too). Unlike that agent's, a worker's
             exit or error is heard the moment it happens, not at the next check. One process
             running in this process has nothing to check.
+        cluster: a ``SlurmCluster``: submit to SLURM instead, ``num_nodes`` nodes with
+            ``num_processes`` processes each (``slurm.py``); the same value back, one error
+            naming the failing rank and its node, output with rank prefixes, the job's queue
+            state while it waits, and the stop button (``scancel``).
         rdzv_backend: ``"static"``: the launching process hosts the store the workers meet
             at, with a fixed world size. ``"c10d"`` is taken as Hugging Face Accelerate's
             ``notebook_launcher`` uses it (a fixed number of nodes meeting at ``master_addr``)
@@ -164,6 +170,14 @@ def notebook_launcher(
     check_options(return_all=return_all, output=output, live=live, run=run)
     check_options(cpu=cpu, fsdp=fsdp, deepspeed=deepspeed, master_addr=master_addr)
     stall_warning = check_stall_warning(stall_warning)
+    if cluster is not None:  # the nodes meet where SLURM puts them: no address to give
+        config = LaunchConfig.from_arguments(
+            num_processes=num_processes, mixed_precision=mixed_precision, cpu=cpu, fsdp=fsdp,
+            deepspeed=deepspeed, zero_stage=zero_stage, defaults=load_config(),
+        )  # fmt: skip
+        return _run_on_cluster(
+            function, args, kwargs, config, num_nodes, cluster, return_all, timeout
+        )
     config = LaunchConfig.from_arguments(
         num_processes=num_processes, mixed_precision=mixed_precision, cpu=cpu, fsdp=fsdp,
         deepspeed=deepspeed, zero_stage=zero_stage, num_nodes=num_nodes, node_rank=node_rank,
@@ -183,6 +197,19 @@ def notebook_launcher(
             watch |= {"output": output, "monitor_interval": monitor_interval}
             watch |= {"stall_warning": stall_warning, "return_all": return_all}
             values = _run_workers(pack_call(function, args, kwargs), config, watch, live, run)
+    return values if return_all else values[0]
+
+
+def _run_on_cluster(function, args, kwargs, config, nodes, cluster, return_all, timeout) -> Any:
+    from .slurm import launch
+
+    if not isinstance(cluster, SlurmCluster):
+        raise NbaccelError(f"cluster={cluster!r}: give a SlurmCluster(partition=..., time=...)")
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise NbaccelError(f"num_nodes={nodes!r}: give the number of nodes, an int >= 1")
+    environ = {k: v for k, v in config.to_environ({}).items() if k != "OMP_NUM_THREADS"}
+    payload = pack_call(function, args, dict(kwargs or {}))
+    values = launch(payload, environ, config.num_processes, nodes, cluster, return_all, timeout)
     return values if return_all else values[0]
 
 

@@ -1,0 +1,325 @@
+"""The cluster path: ``notebook_launcher(..., num_nodes=N, cluster=SlurmCluster(...))``.
+
+Existing engines do the work. submitit writes the batch script, submits the pickled call with
+``sbatch`` and brings each task's value back through the job folder; SLURM allocates the nodes
+and starts one task per node with ``srun``; on each node torch's elastic agent (torchrun's
+engine) meets the other nodes' agents, with SLURM's node order as node ranks, and starts,
+watches and stops that node's processes (``node.py``). nbaccel keeps the cell's contract: rank
+0's value back (every rank's with ``return_all``), one ``LaunchError`` naming the failing rank
+and its node with that rank's own traceback, every rank's output with its rank prefix, the
+job's state and SLURM's reason while it waits in the queue, and the stop button (``scancel``;
+the kernel lives on).
+
+How ranks start, the choice: one elastic agent per node rather than one SLURM task per rank.
+The agent is the engine that supervises a node's workers everywhere else in torch (torchrun,
+``nbaccel launch``): it stops a node's other workers when one fails, and it starts the same on
+a GPU node (one process per GPU) as on a CPU node. One task per rank would hand each rank to
+``srun`` alone and leave the stopping of the others to SLURM's task kill. The cost is one more
+process per node (the agent), which imports torch once while SLURM starts the job.
+
+When the job ends: submitit learns a job's end from ``sacct``, which needs SLURM's accounting
+daemon that many small clusters (and this project's test cluster) do not run. So the launch
+watches the job through ``squeue`` (pending, running, its reason) and, once the job has left
+the queue, reads each task's result from the job folder; a task without a result is explained
+by ``scontrol show job`` (TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL).
+
+The job folder is the channel: ``folder/<job id>``, created readable by the user alone (0700),
+holds the batch script, the pickled call, each task's log and result, and each failed rank's
+error. Nothing listens on the network for the notebook; torch's rendezvous between the nodes is
+the only traffic, as under torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ...errors import LaunchError, NbaccelError, RankFailure, by_priority, root_cause_report
+
+#: How often the launch asks ``squeue`` about the job; SLURM's own tools poll likewise.
+POLL_S = 0.5
+#: After a rank's error, how long the other ranks get to fail or finish before ``scancel``.
+GRACE_S = 10.0
+#: Job states in which the job still holds (or waits for) its nodes.
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"}
+#: Job states in which SLURM, not the launched function, ended the job.
+ENDED_BY_SLURM = {"TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "DEADLINE", "BOOT_FAIL"}
+
+
+class SlurmCluster:
+    """Where and how ``notebook_launcher`` submits to SLURM (``sbatch``'s options).
+
+    Args:
+        partition: SLURM's partition (``sinfo -s`` lists them); default: the cluster's.
+        time: the job's time limit, in minutes (int) or as SLURM writes it ("1:30:00").
+        account: the account to charge, where the cluster asks for one.
+        gpus_per_node: GPUs on each node (``--gpus-per-node``); one process per GPU is usual.
+        cpus_per_task: CPUs for each node's task, which runs all of that node's processes.
+        folder: where job folders go (``folder/<job id>``); every node must see it (a shared
+            filesystem: your home or the cluster's scratch, not /tmp).
+        **options: any other ``sbatch`` option, named as on its command line without the dashes
+            (``mem="16G"``, ``constraint="a100"``, ``qos="high"``).
+    """
+
+    def __init__(
+        self,
+        partition: str | None = None,
+        time: int | str = 60,
+        account: str | None = None,
+        gpus_per_node: int | None = None,
+        cpus_per_task: int | None = None,
+        folder: str | os.PathLike = "nbaccel-jobs",
+        **options: Any,
+    ) -> None:
+        if not (isinstance(time, str) and time) and not (isinstance(time, int) and time > 0):
+            raise NbaccelError(
+                f"SlurmCluster(time={time!r}): give minutes (an int > 0) or SLURM's form, "
+                "e.g. time=30 or time='1:30:00'"
+            )
+        if gpus_per_node is not None and (not isinstance(gpus_per_node, int) or gpus_per_node < 0):
+            raise NbaccelError(f"SlurmCluster(gpus_per_node={gpus_per_node!r}): give an int >= 0")
+        self.partition, self.time, self.account = partition, time, account
+        self.gpus_per_node, self.cpus_per_task = gpus_per_node, cpus_per_task
+        self.folder = Path(folder).expanduser().absolute()
+        self.options = {k.replace("_", "-"): v for k, v in options.items()}
+
+    def __repr__(self) -> str:
+        shown = {k: v for k, v in vars(self).items() if v not in (None, {})}
+        return "SlurmCluster(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+    def executor(self, num_nodes: int, folder: Path):
+        """submitit's executor for this cluster: one task per node."""
+        import submitit
+
+        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
+        parameters = {"nodes": num_nodes, "ntasks_per_node": 1, "job_name": "nbaccel"}
+        parameters |= {"time": self.time, "signal_delay_s": 0, "stderr_to_stdout": True}
+        optional = {"partition": self.partition, "account": self.account}
+        optional |= {"gpus_per_node": self.gpus_per_node, "cpus_per_task": self.cpus_per_task}
+        parameters |= {k: v for k, v in optional.items() if v is not None}
+        if self.options:
+            parameters["additional_parameters"] = dict(self.options)
+        executor.update_parameters(**parameters)
+        return executor
+
+    def batch_script(self, num_nodes: int = 1) -> str:
+        """The batch script ``sbatch`` gets, to read before anything is submitted."""
+        executor = self.executor(num_nodes, self.folder / "%j")
+        return executor._make_submission_file_text(executor._submitit_command_str, "preview")
+
+
+def check_slurm(cluster: SlurmCluster) -> None:
+    """Refuse what SLURM would refuse, in one sentence that names the fix."""
+    if shutil.which("sbatch") is None or shutil.which("squeue") is None:
+        raise NbaccelError(
+            "no SLURM commands on PATH (sbatch, squeue): run the notebook on the cluster's login "
+            "node or inside an allocation, or load SLURM first (often `module load slurm`)"
+        )
+    try:
+        import submitit  # noqa: F401
+    except ImportError:
+        raise NbaccelError(
+            "the cluster path needs submitit: %pip install 'nbaccel[slurm]'"
+        ) from None
+    if cluster.partition is not None:
+        known = _slurm("sinfo", "-h", "-o", "%R").split()
+        if cluster.partition not in known:
+            raise NbaccelError(
+                f"SLURM has no partition {cluster.partition!r}; this cluster's: "
+                f"{', '.join(sorted(set(known))) or 'none'} (`sinfo -s` lists them)"
+            )
+
+
+def _slurm(*command: str) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    return done.stdout if done.returncode == 0 else ""
+
+
+def launch(payload: bytes, environ: dict, nproc: int, num_nodes: int, cluster: SlurmCluster,
+           return_all: bool, timeout: float | None) -> list[Any]:  # fmt: skip
+    """Submit, watch, and return every rank's value in rank order (or raise)."""
+    from .node import run_node
+
+    check_slurm(cluster)
+    cluster.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    executor = cluster.executor(num_nodes, cluster.folder / "%j")
+    umask = os.umask(0o077)  # the job folder, its pickles and its logs: the user's alone
+    try:  # (sbatch passes this umask on to the job's tasks)
+        job = executor.submit(run_node, payload, nproc, environ, str(cluster.folder))
+    finally:
+        os.umask(umask)
+    folder = cluster.folder / str(job.job_id)
+    watch = _Watch(job, folder, num_nodes * nproc)
+    try:
+        watch.until_done(timeout)
+    except KeyboardInterrupt:
+        _cancel(job.job_id)
+        print(f"nbaccel: interrupted; SLURM job {job.job_id} was cancelled.", file=sys.stderr)
+        raise
+    except BaseException:
+        _cancel(job.job_id)
+        raise
+    return watch.outcome(return_all)
+
+
+def _cancel(job_id: str) -> None:
+    """scancel, then wait until the job has left the queue (nothing stays behind)."""
+    subprocess.run(["scancel", str(job_id)], capture_output=True, timeout=60)
+    deadline = time.monotonic() + 120
+    while _state(job_id)[0] in ACTIVE and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+
+
+def _state(job_id: str) -> tuple[str, str, str]:
+    """(state, reason, nodes) from squeue; ("GONE", "", "") once the job left the queue."""
+    shown = _slurm("squeue", "-h", "-j", str(job_id), "-o", "%T|%r|%N").strip()
+    if not shown:
+        return "GONE", "", ""
+    state, reason, nodes = [*shown.splitlines()[0].split("|"), "", ""][:3]
+    return state, reason, nodes
+
+
+class _Watch:
+    """One job from the queue to its end: its state shown, its output relayed, its errors."""
+
+    def __init__(self, job, folder: Path, world_size: int) -> None:
+        self.job, self.folder, self.world_size = job, folder, world_size
+        self.shown_state = None
+        self.offsets: dict[Path, int] = {}
+        self.first_error_at: float | None = None
+
+    def until_done(self, timeout: float | None) -> None:
+        started = time.monotonic()
+        while True:
+            state, reason, nodes = _state(self.job.job_id)
+            self._show_state(state, reason, nodes)
+            self._relay()
+            if state == "GONE" or state not in ACTIVE:
+                break
+            if self.first_error_at is None and any(self.folder.glob("rank-*.error.json")):
+                self.first_error_at = time.monotonic()
+            if self.first_error_at and time.monotonic() - self.first_error_at > GRACE_S:
+                _cancel(self.job.job_id)  # the others stayed blocked on the failed rank
+            if timeout is not None and time.monotonic() - started > timeout:
+                _cancel(self.job.job_id)
+                self._relay()
+                raise LaunchError(
+                    f"SLURM job {self.job.job_id} did not finish within timeout={timeout:g} s "
+                    f"and was cancelled; its logs: {self.folder}"
+                )
+            time.sleep(POLL_S)
+        _cancel(self.job.job_id)  # COMPLETING: wait until it has left the queue
+        self._relay()
+
+    def _show_state(self, state: str, reason: str, nodes: str) -> None:
+        if state == "PENDING":
+            why = reason if reason and reason != "None" else "queued"
+            line = f"SLURM job {self.job.job_id}: pending ({why})"
+        elif state == "RUNNING":
+            line = f"SLURM job {self.job.job_id}: running on {nodes}"
+        else:
+            return
+        if line != self.shown_state:
+            print(line, file=sys.stderr, flush=True)
+            self.shown_state = line
+
+    def _relay(self) -> None:
+        """Print the ranks' new whole lines from each task's log (agent lines stay there)."""
+        for log in sorted(self.folder.glob("*_log.out")):
+            try:
+                with open(log, "rb") as f:
+                    f.seek(self.offsets.get(log, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            whole = data[: data.rfind(b"\n") + 1]
+            self.offsets[log] = self.offsets.get(log, 0) + len(whole)
+            for line in whole.decode(errors="replace").splitlines():
+                if line.startswith("[rank "):
+                    print(line, flush=True)
+
+    def outcome(self, return_all: bool) -> list[Any]:
+        import cloudpickle
+
+        from ..child_failed import LaunchError  # also torch's ChildFailedError
+
+        failures = self._failures()
+        tasks = [self.job.task(i) for i in range(self.job.num_tasks)]
+        missing = [t for t in tasks if not t.paths.result_pickle.exists()]
+        if failures:
+            report = root_cause_report(failures, set(), [])
+            raise LaunchError(f"{report}\n\nThe job's logs: {self.folder}", failures)
+        state, fields = self._final_state()
+        if missing or state in ENDED_BY_SLURM:
+            raise LaunchError(self._ended_by_slurm(state, fields, bool(missing)))
+        values: dict[int, bytes] = {}
+        for i, task in enumerate(tasks):
+            try:
+                values.update(task.result())
+            except Exception as exc:  # the node's own task failed, outside the function
+                raise LaunchError(
+                    f"SLURM job {self.job.job_id}: node task {i} failed before or after its "
+                    f"ranks ran ({state}):\n{exc}"
+                ) from None
+        if len(values) != self.world_size:
+            raise LaunchError(
+                f"SLURM job {self.job.job_id} returned {len(values)} of {self.world_size} ranks' "
+                f"values; see {self.folder}"
+            )
+        wanted = sorted(values) if return_all else [0]
+        return [cloudpickle.loads(values[rank]) for rank in wanted]
+
+    def _failures(self) -> list[RankFailure]:
+        found = []
+        for path in self.folder.glob("rank-*.error.json"):
+            report = json.loads(path.read_text())
+            found.append(
+                (
+                    path.stat().st_mtime_ns,
+                    RankFailure(
+                        rank=report["rank"],
+                        pid=report["pid"],
+                        exc_type=report["exc_type"],
+                        message=report["message"],
+                        traceback=report["traceback"],
+                        node=report["node"],
+                        secondary=report["secondary"],
+                    ),
+                )
+            )
+        arrival = [f.rank for _, f in sorted(found, key=lambda x: (x[0], x[1].rank))]
+        return by_priority([f for _, f in found], arrival)
+
+    def _final_state(self) -> tuple[str, dict]:
+        shown = _slurm("scontrol", "show", "job", str(self.job.job_id), "-o")
+        fields = dict(f.split("=", 1) for f in shown.split() if "=" in f)
+        return fields.get("JobState", "UNKNOWN"), fields
+
+    def _ended_by_slurm(self, state: str, fields: dict, missing: bool) -> str:
+        job, limit = self.job.job_id, fields.get("TimeLimit", "?")
+        if missing and not list(self.folder.glob("*_log.out")):
+            return (
+                f"SLURM job {job} ended ({state}) without writing to {self.folder}: the nodes "
+                "cannot see that folder; give SlurmCluster(folder=...) a folder on a filesystem "
+                "every node mounts (your home or the cluster's scratch)"
+            )
+        if state == "TIMEOUT":
+            return (
+                f"SLURM stopped job {job} at its time limit ({limit}): give SlurmCluster("
+                f"time=...) more minutes; its logs: {self.folder}"
+            )
+        if state == "OUT_OF_MEMORY":
+            return (
+                f"SLURM killed job {job} for using more memory than it asked for: ask for more "
+                f"with SlurmCluster(mem='32G'); its logs: {self.folder}"
+            )
+        return (
+            f"SLURM job {job} ended ({state}, {fields.get('Reason', '')}) before every node "
+            f"returned; its logs: {self.folder}"
+        )

@@ -1,0 +1,227 @@
+"""A real two-node SLURM cluster on this one machine, for the tests (Debian 12's packages).
+
+``start()`` writes a slurm.conf of its own into a fresh folder (nodes n1 and n2, each with its
+own port, spool folder and pid file, 2 CPUs each) and starts one supervisor process, which runs
+munge (unless one runs already), slurmctld and one slurmd per node in the foreground as its
+children; it waits until ``sinfo`` shows both nodes idle. The supervisor is a child subreaper
+(Linux's PR_SET_CHILD_SUBREAPER), so the job steps' processes that slurmd leaves behind become
+its children too: ``Cluster.stop()`` cancels what is still queued, then ends the supervisor by
+its pid, which ends and reaps every process below it. Nothing here writes to /etc: commands find
+the configuration through ``SLURM_CONF``, which ``Cluster.env`` holds.
+
+Only root can run it (slurmd and munge need it), as CI does; ``make test`` installs the packages
+as root (``make slurm``). Elsewhere ``why_not()`` says how to get it.
+
+``python tests/slurm/cluster.py`` starts one and keeps it until Enter is pressed (to try the
+cluster path by hand from a notebook started with the printed ``SLURM_CONF``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGES = "slurmctld slurmd slurm-client munge"
+NODES = ("n1", "n2")
+CPUS_PER_NODE = 2
+COMMANDS = ("sbatch", "squeue", "scancel", "srun", "slurmctld", "slurmd", "munged")
+
+
+def why_not() -> str | None:
+    """Why this machine cannot run the test cluster, or None when it can."""
+    missing = [c for c in COMMANDS if not shutil.which(c, path=os.environ["PATH"] + ":/usr/sbin")]
+    if missing:
+        return (
+            f"no SLURM here ({', '.join(missing)} missing): as root, `make slurm` or "
+            f"`apt-get install -y --no-install-recommends {PACKAGES}` installs it"
+        )
+    if os.geteuid() != 0:
+        return "the test cluster's daemons (slurmd, munged) need root: run `make test` as root"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _config(folder: Path, host: str, ports: dict) -> str:
+    nodes = "\n".join(
+        f"NodeName={n} NodeHostname={host} CPUs={CPUS_PER_NODE} RealMemory=4000 Port={ports[n]}"
+        for n in NODES
+    )
+    return f"""\
+ClusterName=nbaccel-test
+SlurmctldHost={host}
+SlurmctldPort={ports["ctld"]}
+SlurmUser=root
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool/%n
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd-%n.pid
+SlurmctldLogFile={folder}/slurmctld.log
+SlurmdLogFile={folder}/slurmd-%n.log
+ReturnToService=2
+MinJobAge=600
+KillWait=5
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+{nodes}
+PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+@dataclass
+class Cluster:
+    folder: Path
+    env: dict  # SLURM_CONF and PATH for the cluster's commands
+    supervisor: subprocess.Popen | None = None
+
+    def run(self, *command: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            command,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=60,
+        )
+
+    def queue(self) -> list[str]:
+        """Job ids still in the queue (pending, running or completing)."""
+        return self.run("squeue", "-h", "-o", "%i").stdout.split()
+
+    def stop(self) -> None:
+        if self.supervisor is None:
+            return
+        if self.supervisor.poll() is None:
+            ids = self.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+            if ids:
+                self.run("scancel", *ids, check=False)
+            self.supervisor.send_signal(signal.SIGTERM)
+            try:
+                self.supervisor.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.supervisor.kill()
+                self.supervisor.wait()
+        self.supervisor = None
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def start(timeout: float = 120) -> Cluster:
+    """Start the cluster; return once both nodes are idle."""
+    if reason := why_not():
+        raise RuntimeError(reason)
+    folder = Path(tempfile.mkdtemp(prefix="nbaccel-slurm-"))
+    host = socket.gethostname()
+    ports = {"ctld": _free_port(), **{n: _free_port() for n in NODES}}
+    (folder / "state").mkdir()
+    for n in NODES:
+        (folder / "spool" / n).mkdir(parents=True)
+    conf = folder / "slurm.conf"
+    conf.write_text(_config(folder, host, ports))
+    env = {"SLURM_CONF": str(conf), "PATH": os.environ["PATH"] + ":/usr/sbin"}
+    cluster = Cluster(folder, env)
+    log = open(folder / "supervisor.log", "wb")  # noqa: SIM115 (the child keeps it)
+    cluster.supervisor = subprocess.Popen(
+        [sys.executable, __file__, "--supervise"],
+        env={**os.environ, **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    log.close()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if cluster.supervisor.poll() is not None:
+                break
+            states = cluster.run("sinfo", "-h", "-N", "-o", "%t", check=False).stdout.split()
+            if states.count("idle") == len(NODES):
+                return cluster
+            time.sleep(0.3)
+        text = (folder / "supervisor.log").read_text(errors="replace")
+        raise RuntimeError(f"the test cluster did not start:\n{text[-2000:]}")
+    except BaseException:
+        cluster.stop()
+        raise
+
+
+def _supervise() -> None:
+    """The supervisor: the daemons in the foreground as children, every orphan below reaped."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    daemons = []
+    if subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:  # none answers
+        for d in ("/run/munge", "/var/log/munge", "/var/lib/munge"):
+            Path(d).mkdir(parents=True, exist_ok=True)
+            shutil.chown(d, "munge", "munge")
+        daemons.append(subprocess.Popen(["runuser", "-u", "munge", "--", "munged", "-F"]))
+        for _ in range(100):  # its socket, before slurmctld asks munge for a credential
+            if Path("/run/munge/munge.socket.2").exists():
+                break
+            time.sleep(0.05)
+    daemons.append(subprocess.Popen(["slurmctld", "-D"]))
+    daemons += [subprocess.Popen(["slurmd", "-D", "-N", n]) for n in NODES]
+    while not stopping:
+        time.sleep(0.2)
+        try:  # reap orphans (job steps) as they end
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            break
+    for d in reversed(daemons):
+        d.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while True:  # every descendant, daemons and orphans, ended and reaped
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0 and time.monotonic() > deadline:
+            for child in _children():
+                os.kill(child, signal.SIGKILL)
+        if pid == 0:
+            time.sleep(0.05)
+
+
+def _children() -> list[int]:
+    me = str(os.getpid())
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me:
+            found.append(int(stat.parent.name))
+    return found
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--supervise"]:
+        _supervise()
+    else:
+        c = start()
+        print(f"two nodes up; export SLURM_CONF={c.env['SLURM_CONF']}")
+        try:
+            input("Enter stops the cluster ")
+        finally:
+            c.stop()

@@ -1,0 +1,164 @@
+"""notebook_launcher(cluster=SlurmCluster(...)) on a real two-node SLURM cluster (``cluster.py``).
+
+Oracle: DDP over 2 nodes equals one process on the same global batch. Verdicts come from what
+the job returned, raised and left in the queue, never from a clock; the timeouts catch hangs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from nbaccel import LaunchError, NbaccelError, SlurmCluster, notebook_launcher
+
+pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess]
+
+STEPS, BATCH, LR = 3, 8, 0.1
+
+
+def data():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(STEPS, BATCH, 4, generator=generator)
+    return x, x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 1)
+
+
+def train_ddp():
+    """Each rank trains on its slice of every global batch; returns weights, node and rank."""
+    import os
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    net = DDP(model())
+    optimizer = torch.optim.SGD(net.parameters(), lr=LR)
+    x, y = data()
+    per = BATCH // world
+    for step in range(STEPS):
+        part = slice(rank * per, (rank + 1) * per)
+        loss = torch.nn.functional.mse_loss(net(x[step, part]), y[step, part])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    weights = [p.detach().clone() for p in net.module.parameters()]
+    dist.destroy_process_group()
+    print(f"trained on {os.environ['SLURMD_NODENAME']}")
+    return weights, os.environ["SLURMD_NODENAME"], rank
+
+
+def one_process():
+    net = model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=LR)
+    x, y = data()
+    for step in range(STEPS):
+        loss = torch.nn.functional.mse_loss(net(x[step]), y[step])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return [p.detach() for p in net.parameters()]
+
+
+@pytest.mark.parametrize("per_node", [1, 2])
+def test_ddp_on_two_nodes_equals_one_process(empty_queue, tmp_path, capfd, per_node):
+    cluster = SlurmCluster(time=10, folder=tmp_path)
+    values = notebook_launcher(
+        train_ddp, num_nodes=2, num_processes=per_node, cluster=cluster, return_all=True,
+        timeout=240,
+    )  # fmt: skip
+    world = 2 * per_node
+    assert [rank for _, _, rank in values] == list(range(world))
+    assert sorted({node for _, node, _ in values}) == ["n1", "n2"]
+    expected = one_process()
+    for weights, _, _ in values:
+        for got, want in zip(weights, expected, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    out = capfd.readouterr().out
+    for rank in range(world):  # every rank's output, with its prefix
+        assert f"[rank {rank}] trained on n" in out
+    assert (
+        notebook_launcher(  # rank 0's value alone without return_all
+            train_ddp, num_nodes=2, cluster=cluster, timeout=240
+        )[2]
+        == 0
+    )
+
+
+def fails_on_the_second_node():
+    import os
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if os.environ["SLURMD_NODENAME"] == "n2":
+        raise ValueError("bad shard on the second node")
+    dist.barrier()  # rank 0 waits for the rank that failed
+    dist.destroy_process_group()
+
+
+def test_an_error_on_the_second_node_names_its_rank_and_node(empty_queue, tmp_path):
+    cluster = SlurmCluster(time=10, folder=tmp_path)
+    with pytest.raises(LaunchError) as caught:
+        notebook_launcher(fails_on_the_second_node, num_nodes=2, cluster=cluster, timeout=240)
+    error = caught.value
+    assert isinstance(error, ChildFailedError)
+    assert error.rank == 1 and error.root_cause.node == "n2"
+    text = str(error)
+    assert text.startswith("rank 1 (pid ") and "on node n2 raised ValueError" in text
+    assert "bad shard on the second node" in text
+    assert 'raise ValueError("bad shard on the second node")' in text  # its own traceback
+
+
+def sleeps():
+    import time
+
+    time.sleep(600)
+
+
+def test_a_time_limit_kill_says_to_ask_for_more_time(empty_queue, tmp_path):
+    cluster = SlurmCluster(time=1, folder=tmp_path)  # SLURM's smallest limit: a minute
+    with pytest.raises(LaunchError, match=r"at its time limit .*SlurmCluster\(time=\.\.\.\)"):
+        notebook_launcher(sleeps, num_nodes=1, cluster=cluster, timeout=280)
+
+
+def test_a_timeout_cancels_the_job(empty_queue, tmp_path):
+    cluster = SlurmCluster(time=10, folder=tmp_path)
+    with pytest.raises(LaunchError, match="did not finish within timeout=20 s and was cancel"):
+        notebook_launcher(sleeps, num_nodes=2, cluster=cluster, timeout=20)
+
+
+def test_an_unknown_partition_is_named_with_the_ones_there_are(empty_queue, tmp_path):
+    cluster = SlurmCluster(partition="gpu-large", folder=tmp_path)
+    with pytest.raises(NbaccelError, match=r"no partition 'gpu-large'; this cluster's: debug"):
+        notebook_launcher(sleeps, num_nodes=2, cluster=cluster)
+
+
+def test_the_batch_script_can_be_read_before_it_is_submitted(tmp_path):
+    script = SlurmCluster(
+        partition="gpu", time="2:00:00", account="lab", gpus_per_node=4, cpus_per_task=32,
+        folder=tmp_path, mem="64G",
+    ).batch_script(num_nodes=2)  # fmt: skip
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --cpus-per-task=32",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=lab",
+        "#SBATCH --time=2:00:00",
+        "#SBATCH --mem=64G",
+    ):
+        assert line in script.splitlines(), line
+    assert "srun" in script and f"{tmp_path}/%j" in script
+
+
+def test_without_slurm_the_error_says_where_to_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
+    with pytest.raises(NbaccelError, match="no SLURM commands on PATH"):
+        notebook_launcher(sleeps, num_nodes=2, cluster=SlurmCluster(folder=tmp_path))

@@ -1,0 +1,51 @@
+"""The cluster path from notebook cells in a real Jupyter kernel, on the two-node test cluster:
+the value back with both nodes' output, and the stop button (``scancel``; the kernel lives on)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.kernel import kernel_with
+
+pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess]
+
+CELL = """
+from nbaccel import SlurmCluster, notebook_launcher
+
+def where(seconds=0):
+    import os, time
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    print("on", os.environ["SLURMD_NODENAME"], flush=True)
+    time.sleep(seconds)
+    rank = dist.get_rank() * 10 + dist.get_world_size()
+    dist.destroy_process_group()
+    return rank
+
+cluster = SlurmCluster(time=10, folder="jobs")
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel(slurm, tmp_path_factory):  # slurm first: the kernel inherits SLURM_CONF
+    with kernel_with(str(tmp_path_factory.mktemp("kernel")), CELL) as kernel:
+        yield kernel
+
+
+def test_a_cell_runs_a_function_on_two_nodes_and_gets_rank_0s_value(kernel, empty_queue):
+    out = kernel.run("notebook_launcher(where, num_nodes=2, cluster=cluster, timeout=240)", 300)
+    assert out.error is None, out.error
+    assert out.value == "2"  # rank 0 of a world of 2
+    assert "[rank 0] on n1" in out.stdout and "[rank 1] on n2" in out.stdout
+    assert "running on n[1-2]" in out.stderr
+
+
+def test_the_stop_button_cancels_the_job_and_keeps_the_kernel(kernel, empty_queue):
+    msg_id = kernel.start("notebook_launcher(where, args=(600,), num_nodes=2, cluster=cluster)")
+    kernel.wait_for_output("[rank 1] on n2", timeout=240)
+    kernel.manager.interrupt_kernel()  # Jupyter's stop button
+    out = kernel.finish(msg_id, timeout=180)
+    assert out.error["ename"] == "KeyboardInterrupt"
+    assert "was cancelled" in out.stderr
+    assert empty_queue.queue() == []  # scancel'd, and gone before the cell ended
+    assert kernel.run("1 + 1").value == "2"
