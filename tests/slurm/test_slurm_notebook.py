@@ -49,3 +49,43 @@ def test_the_stop_button_cancels_the_job_and_keeps_the_kernel(kernel, empty_queu
     assert "was cancelled" in out.stderr
     assert empty_queue.queue() == []  # scancel'd, and gone before the cell ended
     assert kernel.run("1 + 1").value == "2"
+
+
+INSIDE = """
+import subprocess, sys
+sys.path.insert(0, {root!r})
+from tests.kernel import kernel_with
+with kernel_with({cwd!r}, {cell!r}) as kernel:
+    out = kernel.run("notebook_launcher(where, num_nodes=2, cluster=cluster, timeout=240)", 300)
+    print("value:", out.value, "error:", out.error)
+    print(out.stdout + out.stderr)
+queue = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+print("queue:", queue.split())
+"""
+
+
+def test_a_kernel_inside_an_allocation_runs_a_job_step_there(slurm, empty_queue, tmp_path):
+    """Jupyter started under ``salloc``: the launch runs as a step of that allocation, and no
+    second job enters the queue."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).parents[2])
+    code = INSIDE.format(root=root, cwd=str(tmp_path), cell=CELL)
+    done = subprocess.run(
+        ["salloc", "--nodes=2", "--time=10", sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=280, env={**os.environ, **slurm.env},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "value: 2 error: None" in out, out
+    assert "[rank 0] on n1" in out and "[rank 1] on n2" in out
+    assert "a job step in SLURM allocation" in out
+    assert out.split("queue: ")[1].strip() == str(sorted(slurm_ids(out))), out
+
+
+def slurm_ids(out: str) -> list[str]:
+    """The allocation's id, as the launch named it."""
+    return [out.split("a job step in SLURM allocation ")[1].split(":")[0]]

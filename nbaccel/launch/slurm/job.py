@@ -143,29 +143,59 @@ def _slurm(*command: str) -> str:
 
 def launch(payload: bytes, environ: dict, nproc: int, num_nodes: int, cluster: SlurmCluster,
            return_all: bool, timeout: float | None) -> list[Any]:  # fmt: skip
-    """Submit, watch, and return every rank's value in rank order (or raise)."""
+    """Submit (or, inside an allocation, start a job step), watch, and return every rank's
+    value in rank order (or raise)."""
     from .node import run_node
 
     check_slurm(cluster)
     cluster.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    executor = cluster.executor(num_nodes, cluster.folder / "%j")
     umask = os.umask(0o077)  # the job folder, its pickles and its logs: the user's alone
-    try:  # (sbatch passes this umask on to the job's tasks)
-        job = executor.submit(run_node, payload, nproc, environ, str(cluster.folder))
+    try:  # (sbatch and srun pass this umask on to the job's tasks)
+        if os.environ.get("SLURM_JOB_ID"):  # this kernel runs inside an allocation
+            watch = _in_allocation(run_node, (payload, nproc, environ), num_nodes, cluster)
+        else:
+            executor = cluster.executor(num_nodes, cluster.folder / "%j")
+            template = str(cluster.folder / "%j")
+            job = executor.submit(run_node, payload, nproc, environ, template)
+            watch = _Watch(job, cluster.folder / str(job.job_id))
     finally:
         os.umask(umask)
-    folder = cluster.folder / str(job.job_id)
-    watch = _Watch(job, folder, num_nodes * nproc)
     try:
         watch.until_done(timeout)
     except KeyboardInterrupt:
-        _cancel(job.job_id)
-        print(f"nbaccel: interrupted; SLURM job {job.job_id} was cancelled.", file=sys.stderr)
+        watch.cancel()
+        print(f"nbaccel: interrupted; {watch.name} was cancelled.", file=sys.stderr)
         raise
     except BaseException:
-        _cancel(job.job_id)
+        watch.cancel()
         raise
-    return watch.outcome(return_all)
+    return watch.outcome(return_all, num_nodes * nproc)
+
+
+def _in_allocation(run_node, args: tuple, num_nodes: int, cluster: SlurmCluster) -> _Watch:
+    """One job step (``srun``) in the allocation this kernel runs in, no new ``sbatch``:
+    submitit's own task runner reads the call from a folder of this launch alone (submitit has
+    no call for steps)."""
+    import tempfile
+
+    import submitit
+
+    job_id = os.environ["SLURM_JOB_ID"]
+    folder = Path(tempfile.mkdtemp(prefix=f"{job_id}-step-", dir=cluster.folder))
+    submission = submitit.core.utils.DelayedSubmission(run_node, *args, str(folder))
+    submission.dump(folder / f"{job_id}_submitted.pkl")
+    command = ["srun", "--overlap", f"--nodes={num_nodes}", "--ntasks-per-node=1"]
+    command += [f"--output={folder}/%j_%t_log.out", sys.executable, "-u"]
+    command += ["-m", "submitit.core._submit", str(folder)]
+    step = subprocess.Popen(
+        command,
+        env={**os.environ, "SUBMITIT_EXECUTOR": "slurm"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=open(folder / "srun.err", "wb"),  # noqa: SIM115 (srun's own; the child keeps it)
+    )
+    job = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=list(range(num_nodes)))
+    return _Watch(job, folder, step)
 
 
 def _cancel(job_id: str) -> None:
@@ -186,18 +216,41 @@ def _state(job_id: str) -> tuple[str, str, str]:
 
 
 class _Watch:
-    """One job from the queue to its end: its state shown, its output relayed, its errors."""
+    """One job (or job step) from the queue to its end: its state shown, its output relayed,
+    its errors read, its values back."""
 
-    def __init__(self, job, folder: Path, world_size: int) -> None:
-        self.job, self.folder, self.world_size = job, folder, world_size
+    def __init__(self, job, folder: Path, step: subprocess.Popen | None = None) -> None:
+        self.job, self.folder, self.step = job, folder, step
+        self.name = (
+            f"a job step in SLURM allocation {job.job_id}" if step else f"SLURM job {job.job_id}"
+        )
         self.shown_state = None
         self.offsets: dict[Path, int] = {}
         self.first_error_at: float | None = None
 
+    def _status(self) -> tuple[str, str, str]:
+        if self.step is None:
+            return _state(self.job.job_id)
+        nodes = os.environ.get("SLURM_JOB_NODELIST", "")
+        return ("RUNNING", "", nodes) if self.step.poll() is None else ("GONE", "", "")
+
+    def cancel(self) -> None:
+        """Stop the job (scancel) or the step (srun forwards SIGTERM to its tasks)."""
+        if self.step is None:
+            _cancel(self.job.job_id)
+            return
+        if self.step.poll() is None:
+            self.step.terminate()
+            try:
+                self.step.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.step.kill()
+                self.step.wait()
+
     def until_done(self, timeout: float | None) -> None:
         started = time.monotonic()
         while True:
-            state, reason, nodes = _state(self.job.job_id)
+            state, reason, nodes = self._status()
             self._show_state(state, reason, nodes)
             self._relay()
             if state == "GONE" or state not in ACTIVE:
@@ -205,24 +258,24 @@ class _Watch:
             if self.first_error_at is None and any(self.folder.glob("rank-*.error.json")):
                 self.first_error_at = time.monotonic()
             if self.first_error_at and time.monotonic() - self.first_error_at > GRACE_S:
-                _cancel(self.job.job_id)  # the others stayed blocked on the failed rank
+                self.cancel()  # the others stayed blocked on the failed rank
             if timeout is not None and time.monotonic() - started > timeout:
-                _cancel(self.job.job_id)
+                self.cancel()
                 self._relay()
                 raise LaunchError(
-                    f"SLURM job {self.job.job_id} did not finish within timeout={timeout:g} s "
-                    f"and was cancelled; its logs: {self.folder}"
+                    f"{self.name} did not finish within timeout={timeout:g} s and was "
+                    f"cancelled; its logs: {self.folder}"
                 )
             time.sleep(POLL_S)
-        _cancel(self.job.job_id)  # COMPLETING: wait until it has left the queue
+        self.cancel()  # COMPLETING: wait until it has left the queue
         self._relay()
 
     def _show_state(self, state: str, reason: str, nodes: str) -> None:
         if state == "PENDING":
             why = reason if reason and reason != "None" else "queued"
-            line = f"SLURM job {self.job.job_id}: pending ({why})"
+            line = f"{self.name}: pending ({why})"
         elif state == "RUNNING":
-            line = f"SLURM job {self.job.job_id}: running on {nodes}"
+            line = f"{self.name}: running on {nodes}"
         else:
             return
         if line != self.shown_state:
@@ -244,7 +297,7 @@ class _Watch:
                 if line.startswith("[rank "):
                     print(line, flush=True)
 
-    def outcome(self, return_all: bool) -> list[Any]:
+    def outcome(self, return_all: bool, world_size: int) -> list[Any]:
         import cloudpickle
 
         from ..child_failed import LaunchError  # also torch's ChildFailedError
@@ -267,9 +320,9 @@ class _Watch:
                     f"SLURM job {self.job.job_id}: node task {i} failed before or after its "
                     f"ranks ran ({state}):\n{exc}"
                 ) from None
-        if len(values) != self.world_size:
+        if len(values) != world_size:
             raise LaunchError(
-                f"SLURM job {self.job.job_id} returned {len(values)} of {self.world_size} ranks' "
+                f"{self.name} returned {len(values)} of {world_size} ranks' "
                 f"values; see {self.folder}"
             )
         wanted = sorted(values) if return_all else [0]

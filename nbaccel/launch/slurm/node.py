@@ -82,7 +82,7 @@ def run_node(payload: bytes, nproc: int, environ: dict, folder: str) -> dict[int
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    folder = Path(folder) / os.environ["SLURM_JOB_ID"]
+    folder = Path(folder.replace("%j", os.environ["SLURM_JOB_ID"]))  # sbatch's %j, or a step's
     node_id, nodes = int(os.environ["SLURM_NODEID"]), int(os.environ["SLURM_JOB_NUM_NODES"])
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", os.cpu_count() or 1))
     os.environ.update(environ)
