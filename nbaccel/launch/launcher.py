@@ -175,9 +175,8 @@ def notebook_launcher(
             num_processes=num_processes, mixed_precision=mixed_precision, cpu=cpu, fsdp=fsdp,
             deepspeed=deepspeed, zero_stage=zero_stage, defaults=load_config(),
         )  # fmt: skip
-        return _run_on_cluster(
-            function, args, kwargs, config, num_nodes, cluster, return_all, timeout
-        )
+        on = (num_nodes, cluster, return_all, timeout, live, run)
+        return _run_on_cluster(function, args, kwargs, config, *on)
     config = LaunchConfig.from_arguments(
         num_processes=num_processes, mixed_precision=mixed_precision, cpu=cpu, fsdp=fsdp,
         deepspeed=deepspeed, zero_stage=zero_stage, num_nodes=num_nodes, node_rank=node_rank,
@@ -200,7 +199,8 @@ def notebook_launcher(
     return values if return_all else values[0]
 
 
-def _run_on_cluster(function, args, kwargs, config, nodes, cluster, return_all, timeout) -> Any:
+def _run_on_cluster(function, args, kwargs, config, nodes, cluster, return_all, timeout, live,
+                    run) -> Any:  # fmt: skip
     from .slurm import launch
 
     if not isinstance(cluster, SlurmCluster):
@@ -209,7 +209,16 @@ def _run_on_cluster(function, args, kwargs, config, nodes, cluster, return_all, 
         raise NbaccelError(f"num_nodes={nodes!r}: give the number of nodes, an int >= 1")
     environ = {k: v for k, v in config.to_environ({}).items() if k != "OMP_NUM_THREADS"}
     payload = pack_call(function, args, dict(kwargs or {}))
-    values = launch(payload, environ, config.num_processes, nodes, cluster, return_all, timeout)
+    run = run if run is not None else Run()
+    run.world_size = nodes * config.num_processes
+    run.device = device_label("cuda" if cluster.gpus_per_node else "cpu")
+    view = live if isinstance(live, LiveView) else LiveView() if live else None
+    try:
+        values = launch(payload, environ, config.num_processes, nodes, cluster, return_all,
+                        timeout, run, view)  # fmt: skip
+    finally:
+        if view is not None:
+            view.close(run)
     return values if return_all else values[0]
 
 

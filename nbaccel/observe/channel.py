@@ -6,6 +6,11 @@ launcher handed over (``NBACCEL_METRICS_FD``). A datagram is sent whole or not a
 waiting (``MSG_DONTWAIT``): when the notebook is busy the records wait in the buffer, and when
 the buffer is full the oldest are dropped and counted. Logging never blocks and never raises.
 
+On a cluster (``launch/slurm``) there is no socket to the notebook: the channel appends the
+same batches, each with its length, to ``metrics-<rank>.bin`` in the job folder
+(``NBACCEL_METRICS_DIR``), which only the user can read and write; the notebook reads them
+back from there (``read_frames``). One ``write`` per batch, on a file opened for appending.
+
 Launcher side: ``decode`` turns a datagram back into ``Record``s, which the launching process
 keeps in a ``run.Run``. The names of the library's own counters live here, beside the channel
 that carries them. Nothing here draws: the view (``live``) imports this module, never the
@@ -26,7 +31,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..env import CHANNEL_VAR
+from ..env import CHANNEL_VAR, METRICS_DIR_VAR
 
 if TYPE_CHECKING:
     from .records import Run
@@ -91,6 +96,7 @@ class Channel:
         self.rank, self.run, self.capacity, self.interval = rank, run, capacity, interval
         self.dropped = 0
         self._sock = socket.socket(fileno=os.dup(fd)) if fd is not None else None
+        self._file: str | None = None  # on a cluster: the file the batches are appended to
         self._buffer: deque[tuple] = deque()
         self._last_flush = time.monotonic()
         if self._sock is not None:
@@ -103,6 +109,13 @@ class Channel:
 
     @classmethod
     def from_environ(cls, rank: int, run: Run | None = None) -> Channel:
+        folder = os.environ.get(METRICS_DIR_VAR)
+        if folder:
+            channel = cls(rank, None, run)
+            channel._file = os.path.join(folder, f"metrics-{rank}.bin")
+            channel._sock = _FileSink(channel._file)
+            _open_channels.add(channel)
+            return channel
         fd = os.environ.get(CHANNEL_VAR)
         return cls(rank, int(fd) if fd and fd.isdigit() else None, run)
 
@@ -162,6 +175,36 @@ _open_channels: weakref.WeakSet[Channel] = weakref.WeakSet()
 def flush_all() -> None:
     for channel in list(_open_channels):
         channel.flush()
+
+
+class _FileSink:
+    """A socket's ``send`` for the cluster: one length-prefixed batch appended per call."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def send(self, data: bytes, flags: int = 0) -> int:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            return os.write(fd, len(data).to_bytes(4, "big") + data)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        pass
+
+
+def read_frames(data: bytes) -> tuple[list[bytes], int]:
+    """The whole batches at the start of ``data`` (what ``_FileSink`` appended), and how many
+    bytes they took; a batch still being written waits for the next read."""
+    frames, at = [], 0
+    while at + 4 <= len(data):
+        size = int.from_bytes(data[at : at + 4], "big")
+        if at + 4 + size > len(data):
+            break
+        frames.append(data[at + 4 : at + 4 + size])
+        at += 4 + size
+    return frames, at
 
 
 def decode(datagram: bytes) -> tuple[list[Record], int, int]:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..env import CHANNEL_VAR, PANEL_VAR, DistEnv, device_label
+from ..env import CHANNEL_VAR, METRICS_DIR_VAR, PANEL_VAR, DistEnv, device_label
 from .channel import ACCUMULATION, MEMORY, RSS, SAMPLES, STEPS, TOTAL_STEPS, Channel, local_run
 from .records import Run
 
@@ -65,7 +65,7 @@ class Recorder:
         env = DistEnv.from_environ()
         self.rank = env.rank
         self.run: Run | None = None  # kept here only when no launcher listens
-        if os.environ.get(CHANNEL_VAR) is None:
+        if os.environ.get(CHANNEL_VAR) is None and not os.environ.get(METRICS_DIR_VAR):
             self.run = local_run.get() or Run(world_size=1)
             if env.is_distributed:
                 self.run.label = f"rank {env.rank} of {env.world_size}"

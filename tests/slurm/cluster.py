@@ -154,8 +154,13 @@ def start(timeout: float = 120) -> Cluster:
             if states.count("idle") == len(NODES):
                 return cluster
             time.sleep(0.3)
-        text = (folder / "supervisor.log").read_text(errors="replace")
-        raise RuntimeError(f"the test cluster did not start:\n{text[-2000:]}")
+        states = cluster.run("sinfo", "-h", "-N", "-o", "%N %t", check=False)
+        logs = [f"sinfo: {states.stdout or states.stderr}"]
+        for name in ("supervisor.log", "slurmctld.log", *(f"slurmd-{n}.log" for n in NODES)):
+            path = folder / name
+            text = path.read_text(errors="replace") if path.exists() else "(none)"
+            logs.append(f"--- {name}:\n{text[-1500:]}")
+        raise RuntimeError("the test cluster did not start:\n" + "\n".join(logs))
     except BaseException:
         cluster.stop()
         raise

@@ -162,3 +162,31 @@ def test_without_slurm_the_error_says_where_to_run(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
     with pytest.raises(NbaccelError, match="no SLURM commands on PATH"):
         notebook_launcher(sleeps, num_nodes=2, cluster=SlurmCluster(folder=tmp_path))
+
+
+def logs_a_loss():
+    """A hand-written loop with the Recorder, as lessons 1-3 write it."""
+    import torch.distributed as dist
+
+    from nbaccel import Recorder
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    recorder = Recorder(total_steps=5)
+    for step in range(5):
+        recorder.log({"loss": 10.0 * rank + step}, samples=4)
+    recorder.close()
+    dist.destroy_process_group()
+
+
+def test_every_nodes_records_reach_the_run(empty_queue, tmp_path):
+    from nbaccel import Run
+
+    run = Run()
+    cluster = SlurmCluster(time=10, folder=tmp_path)
+    notebook_launcher(logs_a_loss, num_nodes=2, cluster=cluster, run=run, timeout=240)
+    series = run.series("loss")
+    assert sorted(series) == [0, 1]
+    assert series[0][1] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert series[1][1] == [10.0, 11.0, 12.0, 13.0, 14.0]
+    assert run.latest("nbaccel/samples") == {0: 20, 1: 20} and run.world_size == 2

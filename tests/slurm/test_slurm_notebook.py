@@ -22,6 +22,18 @@ def where(seconds=0):
     dist.destroy_process_group()
     return rank
 
+def logs():
+    import time
+    import torch.distributed as dist
+    from nbaccel import Recorder
+    dist.init_process_group("gloo")
+    recorder = Recorder(total_steps=20)
+    for step in range(20):
+        time.sleep(0.1)
+        recorder.log({"loss": 1.0 / (step + 1)}, samples=8)
+    recorder.close()
+    dist.destroy_process_group()
+
 cluster = SlurmCluster(time=10, folder="jobs")
 """
 
@@ -38,6 +50,14 @@ def test_a_cell_runs_a_function_on_two_nodes_and_gets_rank_0s_value(kernel, empt
     assert out.value == "2"  # rank 0 of a world of 2
     assert "[rank 0] on n1" in out.stdout and "[rank 1] on n2" in out.stdout
     assert "running on n[1-2]" in out.stderr
+
+
+def test_the_live_panel_draws_every_nodes_loss(kernel, empty_queue):
+    code = "run = Run(); notebook_launcher(logs, num_nodes=2, cluster=cluster, run=run)"
+    out = kernel.run("from nbaccel import Run\n" + code, 300)
+    assert out.error is None, out.error
+    assert out.images, "no panel was drawn"
+    assert kernel.run("sorted(run.series('loss'))").value == "[0, 1]"
 
 
 def test_the_stop_button_cancels_the_job_and_keeps_the_kernel(kernel, empty_queue):

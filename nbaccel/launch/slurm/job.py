@@ -142,7 +142,7 @@ def _slurm(*command: str) -> str:
 
 
 def launch(payload: bytes, environ: dict, nproc: int, num_nodes: int, cluster: SlurmCluster,
-           return_all: bool, timeout: float | None) -> list[Any]:  # fmt: skip
+           return_all: bool, timeout: float | None, run=None, view=None) -> list[Any]:  # fmt: skip
     """Submit (or, inside an allocation, start a job step), watch, and return every rank's
     value in rank order (or raise)."""
     from .node import run_node
@@ -153,11 +153,12 @@ def launch(payload: bytes, environ: dict, nproc: int, num_nodes: int, cluster: S
     try:  # (sbatch and srun pass this umask on to the job's tasks)
         if os.environ.get("SLURM_JOB_ID"):  # this kernel runs inside an allocation
             watch = _in_allocation(run_node, (payload, nproc, environ), num_nodes, cluster)
+            watch.run, watch.view = run, view
         else:
             executor = cluster.executor(num_nodes, cluster.folder / "%j")
             template = str(cluster.folder / "%j")
             job = executor.submit(run_node, payload, nproc, environ, template)
-            watch = _Watch(job, cluster.folder / str(job.job_id))
+            watch = _Watch(job, cluster.folder / str(job.job_id), run=run, view=view)
     finally:
         os.umask(umask)
     try:
@@ -219,13 +220,13 @@ class _Watch:
     """One job (or job step) from the queue to its end: its state shown, its output relayed,
     its errors read, its values back."""
 
-    def __init__(self, job, folder: Path, step: subprocess.Popen | None = None) -> None:
-        self.job, self.folder, self.step = job, folder, step
+    def __init__(self, job, folder: Path, step=None, run=None, view=None) -> None:
+        self.job, self.folder, self.step, self.run, self.view = job, folder, step, run, view
         self.name = (
             f"a job step in SLURM allocation {job.job_id}" if step else f"SLURM job {job.job_id}"
         )
         self.shown_state = None
-        self.offsets: dict[Path, int] = {}
+        self.offsets: dict[Path, int] = {}  # how far each log and metrics file was read
         self.first_error_at: float | None = None
 
     def _status(self) -> tuple[str, str, str]:
@@ -283,19 +284,36 @@ class _Watch:
             self.shown_state = line
 
     def _relay(self) -> None:
-        """Print the ranks' new whole lines from each task's log (agent lines stay there)."""
+        """Print the ranks' new whole lines from each task's log (agent lines stay there), and
+        add the ranks' new records to the run and the live view."""
         for log in sorted(self.folder.glob("*_log.out")):
-            try:
-                with open(log, "rb") as f:
-                    f.seek(self.offsets.get(log, 0))
-                    data = f.read()
-            except OSError:
-                continue
-            whole = data[: data.rfind(b"\n") + 1]
-            self.offsets[log] = self.offsets.get(log, 0) + len(whole)
+            whole = self._read(log, lambda data: data.rfind(b"\n") + 1)
             for line in whole.decode(errors="replace").splitlines():
                 if line.startswith("[rank "):
                     print(line, flush=True)
+        if self.run is None:
+            return
+        from ...observe.channel import decode, read_frames
+
+        for path in sorted(self.folder.glob("metrics-*.bin")):
+            for frame in read_frames(self._read(path, lambda data: read_frames(data)[1]))[0]:
+                records, rank, dropped = decode(frame)
+                self.run.add(records)
+                self.run.dropped[rank] = dropped
+        if self.view is not None:
+            self.view.update(self.run)
+
+    def _read(self, path: Path, whole) -> bytes:
+        """What ``path`` gained since the last read, up to where ``whole(data)`` ends."""
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.offsets.get(path, 0))
+                data = f.read()
+        except OSError:
+            return b""
+        data = data[: whole(data)]
+        self.offsets[path] = self.offsets.get(path, 0) + len(data)
+        return data
 
     def outcome(self, return_all: bool, world_size: int) -> list[Any]:
         import cloudpickle

@@ -31,6 +31,8 @@ import time
 import traceback
 from pathlib import Path
 
+from ...env import METRICS_DIR_VAR
+
 RENDEZVOUS_WAIT_S = 300  # for the first node's port, while SLURM starts the job's tasks
 
 
@@ -86,6 +88,7 @@ def run_node(payload: bytes, nproc: int, environ: dict, folder: str) -> dict[int
     node_id, nodes = int(os.environ["SLURM_NODEID"]), int(os.environ["SLURM_JOB_NUM_NODES"])
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", os.cpu_count() or 1))
     os.environ.update(environ)
+    os.environ[METRICS_DIR_VAR] = str(folder)  # each rank's records, for the notebook's view
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpus // nproc)))
     config = LaunchConfig(
         min_nodes=nodes,
