@@ -2,12 +2,13 @@
 
 ``start()`` writes a slurm.conf of its own into a fresh folder (nodes n1 and n2, each with its
 own port, spool folder and pid file, 2 CPUs each) and starts one supervisor process, which runs
-munge (unless one runs already), slurmctld and one slurmd per node in the foreground as its
-children; it waits until ``sinfo`` shows both nodes idle. The supervisor is a child subreaper
-(Linux's PR_SET_CHILD_SUBREAPER), so the job steps' processes that slurmd leaves behind become
-its children too: ``Cluster.stop()`` cancels what is still queued, then ends the supervisor by
-its pid, which ends and reaps every process below it. Nothing here writes to /etc: commands find
-the configuration through ``SLURM_CONF``, which ``Cluster.env`` holds.
+munge (its own, on a socket in that folder: another cluster's munge or a system one cannot
+come and go under it), slurmctld and one slurmd per node in the foreground as its children; it
+waits until ``sinfo`` shows both nodes idle. The supervisor is a child subreaper (Linux's
+PR_SET_CHILD_SUBREAPER), so the job steps' processes that slurmd leaves behind become its
+children too: ``Cluster.stop()`` cancels what is still queued, then ends the supervisor by its
+pid, which ends and reaps every process below it. Nothing here writes to /etc: commands find
+the configuration (and munge's socket) through ``SLURM_CONF``, which ``Cluster.env`` holds.
 
 Only root can run it (slurmd and munge need it), as CI does; ``make test`` installs the packages
 as root (``make slurm``). Elsewhere ``why_not()`` says how to get it.
@@ -65,6 +66,7 @@ SlurmctldHost={host}
 SlurmctldPort={ports["ctld"]}
 SlurmUser=root
 AuthType=auth/munge
+AuthInfo=socket={folder}/munge/munge.sock
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -132,6 +134,10 @@ def start(timeout: float = 120) -> Cluster:
     (folder / "state").mkdir()
     for n in NODES:
         (folder / "spool" / n).mkdir(parents=True)
+    folder.chmod(0o711)  # munge's own user reaches its folder below
+    (folder / "munge").mkdir()
+    (folder / "munge").chmod(0o711)  # munged wants its socket's folder reachable by all
+    shutil.chown(folder / "munge", "munge", "munge")
     conf = folder / "slurm.conf"
     conf.write_text(_config(folder, host, ports))
     env = {"SLURM_CONF": str(conf), "PATH": os.environ["PATH"] + ":/usr/sbin"}
@@ -173,16 +179,18 @@ def _supervise() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    daemons = []
-    if subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:  # none answers
-        for d in ("/run/munge", "/var/log/munge", "/var/lib/munge"):
-            Path(d).mkdir(parents=True, exist_ok=True)
-            shutil.chown(d, "munge", "munge")
-        daemons.append(subprocess.Popen(["runuser", "-u", "munge", "--", "munged", "-F"]))
-        for _ in range(100):  # its socket, before slurmctld asks munge for a credential
-            if Path("/run/munge/munge.socket.2").exists():
-                break
-            time.sleep(0.05)
+    folder = Path(os.environ["SLURM_CONF"]).parent
+    munge = folder / "munge"  # this cluster's own munged, on a socket of its own
+    socket_path = munge / "munge.sock"
+    files = {"socket": socket_path, "pid-file": munge / "munged.pid"}
+    files |= {"log-file": munge / "munged.log", "seed-file": munge / "munged.seed"}
+    command = ["runuser", "-u", "munge", "--", "munged", "-F"]
+    command += [f"--{option}={path}" for option, path in files.items()]
+    daemons = [subprocess.Popen(command)]
+    for _ in range(200):  # its socket, before slurmctld asks munge for a credential
+        if socket_path.exists():
+            break
+        time.sleep(0.05)
     daemons.append(subprocess.Popen(["slurmctld", "-D"]))
     daemons += [subprocess.Popen(["slurmd", "-D", "-N", n]) for n in NODES]
     while not stopping:
