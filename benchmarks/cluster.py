@@ -31,7 +31,7 @@ import nbaccel
 from nbaccel import SlurmCluster, notebook_launcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.slurm import cluster as test_cluster  # noqa: E402
+from tests.slurm import cluster as test_cluster
 
 
 def first_step() -> float:
