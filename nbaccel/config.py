@@ -75,9 +75,24 @@ class Defaults:
     cpu: bool = False
     fsdp: bool = False  # Accelerator() shards with FSDP2 instead of DDP
     zero_stage: int | None = None  # 0-3: Accelerator() trains through DeepSpeed at this stage
+    # A cluster's defaults, for SlurmCluster() (launch/slurm): None leaves SLURM's own.
+    slurm_partition: str | None = None
+    slurm_account: str | None = None
+    slurm_time: int | str | None = None  # minutes, or SLURM's "1:30:00"; None: 60 minutes
 
     def __post_init__(self) -> None:
         check_mode(self.mixed_precision)
+        for name in ("slurm_partition", "slurm_account"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name}={value!r} must be a name or null")
+        t = self.slurm_time
+        if (
+            t is not None
+            and not (isinstance(t, str) and t)
+            and not (isinstance(t, int) and not isinstance(t, bool) and t > 0)
+        ):
+            raise ValueError(f"slurm_time={t!r} must be minutes (> 0), SLURM's '1:30:00', or null")
         n = self.num_processes
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"num_processes={n!r} must be a positive int or null")

@@ -2,6 +2,8 @@
 
 Asks up to five questions (the current value in brackets; Enter keeps it), or takes the answers as
 flags, or writes the built-in defaults with ``--default``. ``nbaccel config show`` prints the file.
+A SLURM cluster's defaults (partition, account, time) are flags only: they are set once per
+cluster, not per launch.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ def config_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         type=stage,
         help='train through DeepSpeed at this ZeRO stage (0-3); "none": no DeepSpeed',
     )
+    cluster = parser.add_argument_group("a SLURM cluster's defaults, for SlurmCluster()")
+    cluster.add_argument("--slurm-partition", help='its partition; "none": the cluster\'s own')
+    cluster.add_argument("--slurm-account", help='the account to charge; "none": no account')
+    cluster.add_argument(
+        "--slurm-time", type=minutes, help='the time limit: minutes or "1:30:00"; "none": 60'
+    )
     parser.set_defaults(func=config_command)
     return parser
 
@@ -57,6 +65,9 @@ def config_command(args: argparse.Namespace) -> int:
         "cpu": args.cpu,
         "fsdp": args.fsdp,
         "zero_stage": args.zero_stage,
+        "slurm_partition": args.slurm_partition,
+        "slurm_account": args.slurm_account,
+        "slurm_time": args.slurm_time,
     }
     given = {k: (None if v in ("auto", "none") else v) for k, v in flags.items() if v is not None}
     if args.action == "show":
@@ -159,6 +170,15 @@ def yes_no(text: str) -> bool:
     if text.lower() not in ("y", "yes", "n", "no"):
         raise ValueError(f"{text!r} is not yes or no")
     return text.lower().startswith("y")
+
+
+def minutes(text: str) -> int | str:
+    """A time limit: whole minutes, SLURM's own form ("1:30:00", "2-00:00:00"), or none."""
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    if text == "none" or (text and all(c.isdigit() or c in ":-" for c in text)):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: give minutes (30) or SLURM's form (1:30:00)")
 
 
 def render(config: Defaults) -> str:

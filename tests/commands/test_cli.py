@@ -350,6 +350,9 @@ def test_config_default_then_show(config):
         "cpu": False,
         "fsdp": False,
         "zero_stage": None,
+        "slurm_partition": None,
+        "slurm_account": None,
+        "slurm_time": None,
     }
     assert nbaccel(config, "config", "--num-processes", "2", "--cpu").returncode == 0
     shown = nbaccel(config, "config", "show")
@@ -362,6 +365,9 @@ def test_config_default_then_show(config):
         "cpu": True,
         "fsdp": False,
         "zero_stage": None,
+        "slurm_partition": None,
+        "slurm_account": None,
+        "slurm_time": None,
     }
 
 
@@ -377,6 +383,9 @@ def test_config_asks_again_until_the_answer_is_valid(config):
         "cpu": True,
         "fsdp": True,
         "zero_stage": None,
+        "slurm_partition": None,
+        "slurm_account": None,
+        "slurm_time": None,
     }
     again = nbaccel(config, "config", stdin="\n\nno\n\n")  # Enter keeps the current value
     assert json.loads(config.read_text())["num_processes"] == 3, again.stdout

@@ -190,3 +190,19 @@ def test_every_nodes_records_reach_the_run(empty_queue, tmp_path):
     assert series[0][1] == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert series[1][1] == [10.0, 11.0, 12.0, 13.0, 14.0]
     assert run.latest("nbaccel/samples") == {0: 20, 1: 20} and run.world_size == 2
+
+
+def test_the_cluster_defaults_come_from_nbaccel_config(tmp_path, monkeypatch):
+    from nbaccel.cli import main
+
+    monkeypatch.setenv("NBACCEL_CONFIG", str(tmp_path / "config.json"))
+    flags = ["--slurm-partition", "gpu", "--slurm-account", "lab", "--slurm-time", "1:30:00"]
+    assert main(["config", *flags]) == 0
+    saved = SlurmCluster(folder=tmp_path)
+    assert (saved.partition, saved.account, saved.time) == ("gpu", "lab", "1:30:00")
+    given = SlurmCluster(partition="debug", time=5, account="other", folder=tmp_path)
+    assert (given.partition, given.account, given.time) == ("debug", "other", 5)  # arguments win
+    assert main(["config", "--slurm-time", "none", "--slurm-partition", "none"]) == 0
+    assert SlurmCluster(folder=tmp_path).time == 60 and SlurmCluster().partition is None
+    with pytest.raises(SystemExit):  # argparse's usage error: not minutes
+        main(["config", "--slurm-time", "soon"])

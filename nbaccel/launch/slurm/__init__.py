@@ -1,5 +1,7 @@
-"""The cluster path: ``job.py`` on the notebook's side, ``node.py`` on each node (SLURM)."""
+"""The cluster path: ``cluster.py`` (SlurmCluster, its options and checks) and ``job.py``
+(submit, watch, cancel, the verdict) on the notebook's side; ``node.py`` on each node."""
 
-from .job import SlurmCluster, launch
+from .cluster import SlurmCluster
+from .job import launch
 
 __all__ = ["SlurmCluster", "launch"]
