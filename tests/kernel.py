@@ -36,7 +36,8 @@ class Kernel:
     def start(self, code: str) -> str:
         return self.client.execute(code)
 
-    def wait_for_output(self, text: str, timeout: float = 60) -> None:
+    def wait_for_output(self, *texts: str, timeout: float = 60) -> None:
+        """Read the kernel's output until every one of ``texts`` appeared (in any order)."""
         deadline = time.monotonic() + timeout
         seen = ""
         while time.monotonic() < deadline:
@@ -46,9 +47,9 @@ class Kernel:
                 continue
             if msg["msg_type"] == "stream":
                 seen += msg["content"]["text"]
-                if text in seen:
+                if all(text in seen for text in texts):
                     return
-        raise AssertionError(f"{text!r} never appeared; saw {seen!r}")
+        raise AssertionError(f"{texts!r} never all appeared; saw {seen!r}")
 
     def finish(self, msg_id: str, timeout: float = 60) -> Result:
         """Collect the outputs of a cell started with ``start`` until it is idle."""

@@ -44,8 +44,12 @@ COLLECTIVES = frozenset(
 MAIN_FRAMES, OTHER_FRAMES = 10, 3  # innermost frames shown of the main thread, of the others
 #: nbaccel's own folder: its frames are library frames, not the user's.
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: The launched worker's own runner: the frames above it are the fork server's, not the user's.
-RUNNER = os.path.join(PACKAGE, "launch", "forkserver.py")
+#: The launched worker's own runners (the fork server's, a cluster node's): the frames above
+#: them are the launcher's, not the user's.
+RUNNERS = (
+    os.path.join(PACKAGE, "launch", "forkserver.py"),
+    os.path.join(PACKAGE, "launch", "slurm", "node.py"),
+)
 RECORD_LAG = 0.5  # seconds of steps a rank may have made but not yet sent (two record paces)
 
 
@@ -291,9 +295,9 @@ def _frames(stack: RankStack) -> str:
 
 
 def _own(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
-    """The frames below the launched worker's own runner (``forkserver.py``): the user's call
+    """The frames below the launched worker's own runner (``RUNNERS``): the user's call
     and what it called. Other stacks (a script under torchrun) are kept whole."""
-    ours = [i for i, f in enumerate(frames) if f.filename == RUNNER]
+    ours = [i for i, f in enumerate(frames) if f.filename in RUNNERS]
     return frames[ours[-1] + 1 :] if ours else frames
 
 

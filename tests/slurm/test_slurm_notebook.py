@@ -34,6 +34,19 @@ def logs():
     recorder.close()
     dist.destroy_process_group()
 
+def wait_for_the_moon():
+    import time
+    time.sleep(600)
+
+def hangs():
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        print("waiting for the moon", flush=True)
+        wait_for_the_moon()
+    print("at the barrier", flush=True)
+    dist.barrier()
+
 cluster = SlurmCluster(time=10, folder="jobs")
 """
 
@@ -60,13 +73,18 @@ def test_the_live_panel_draws_every_nodes_loss(kernel, empty_queue):
     assert kernel.run("sorted(run.series('loss'))").value == "[0, 1]"
 
 
-def test_the_stop_button_cancels_the_job_and_keeps_the_kernel(kernel, empty_queue):
-    msg_id = kernel.start("notebook_launcher(where, args=(600,), num_nodes=2, cluster=cluster)")
-    kernel.wait_for_output("[rank 1] on n2", timeout=240)
+def test_the_stop_button_says_where_each_rank_was_cancels_the_job_and_keeps_the_kernel(
+    kernel, empty_queue
+):
+    msg_id = kernel.start("notebook_launcher(hangs, num_nodes=2, cluster=cluster)")
+    kernel.wait_for_output("[rank 1] waiting for the moon", "[rank 0] at the barrier", timeout=240)
     kernel.manager.interrupt_kernel()  # Jupyter's stop button
     out = kernel.finish(msg_id, timeout=180)
     assert out.error["ename"] == "KeyboardInterrupt"
     assert "was cancelled" in out.stderr
+    # each node asked its own ranks, through the job folder
+    assert "rank 1 is in `wait_for_the_moon`" in out.stderr, out.stderr
+    assert "rank 0 waits in `barrier` called from `hangs`" in out.stderr, out.stderr
     assert empty_queue.queue() == []  # scancel'd, and gone before the cell ended
     assert kernel.run("1 + 1").value == "2"
 

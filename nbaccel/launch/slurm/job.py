@@ -48,6 +48,9 @@ POLL_S = 0.5
 GRACE_S = 10.0
 #: Job states in which the job still holds (or waits for) its nodes.
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"}
+#: How long the notebook waits for every node's answer to "where are your ranks?" (each node
+#: polls the job folder every 0.2 s; a shared filesystem may take a moment more to show it).
+ASK_S = 5.0
 #: Job states in which SLURM, not the launched function, ended the job.
 ENDED_BY_SLURM = {"TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "DEADLINE", "BOOT_FAIL"}
 
@@ -77,11 +80,15 @@ def launch(payload: bytes, environ: dict, nproc: int, num_nodes: int, cluster: S
             watch = _Watch(job, cluster.folder / str(job.job_id), run=run, view=view)
     finally:
         os.umask(umask)
+    watch.nodes, watch.world_size = num_nodes, num_nodes * nproc
     try:
         watch.until_done(timeout)
     except KeyboardInterrupt:
+        where = watch.where()  # before the ranks are stopped, as a local launch does
         watch.cancel()
         print(f"nbaccel: interrupted; {watch.name} was cancelled.", file=sys.stderr)
+        if where is not None:
+            print(where, file=sys.stderr)
         raise
     except BaseException:
         watch.cancel()
@@ -144,6 +151,8 @@ class _Watch:
         self.shown_state = None
         self.offsets: dict[Path, int] = {}  # how far each log and metrics file was read
         self.first_error_at: float | None = None
+        self.ran = False  # the job reached RUNNING: its ranks can be asked where they are
+        self.nodes = self.world_size = 1  # set by launch()
 
     def _status(self) -> tuple[str, str, str]:
         if self.step is None:
@@ -168,6 +177,7 @@ class _Watch:
         started = time.monotonic()
         while True:
             state, reason, nodes = self._status()
+            self.ran = self.ran or state == "RUNNING"
             self._show_state(state, reason, nodes)
             self._relay()
             if state == "GONE" or state not in ACTIVE:
@@ -177,15 +187,41 @@ class _Watch:
             if self.first_error_at and time.monotonic() - self.first_error_at > GRACE_S:
                 self.cancel()  # the others stayed blocked on the failed rank
             if timeout is not None and time.monotonic() - started > timeout:
+                where = self.where()
                 self.cancel()
                 self._relay()
-                raise LaunchError(
-                    f"{self.name} did not finish within timeout={timeout:g} s and was "
-                    f"cancelled; its logs: {self.folder}"
-                )
+                said = f"{self.name} did not finish within timeout={timeout:g} s and was cancelled"
+                said += f". {where}" if where is not None else ""
+                stacks = where.stacks if where is not None else {}
+                raise LaunchError(f"{said}\n\nIts logs: {self.folder}", stacks=stacks)
             time.sleep(POLL_S)
         self.cancel()  # COMPLETING: wait until it has left the queue
         self._relay()
+
+    def where(self):
+        """Where every rank is (``hang.Report``), asked through the job folder: each node asks
+        its own ranks at their sockets (``node.py``). None before the job ran."""
+        if not self.ran:
+            return None
+        import uuid
+
+        from ...observe.hang import report
+        from ...observe.stacks import RankStack
+        from .node import stacks_answer
+
+        request = uuid.uuid4().hex[:12]
+        partial = self.folder / ".stacks.request.partial"
+        partial.write_text(request)
+        os.replace(partial, self.folder / "stacks.request")
+        answers = [stacks_answer(self.folder, request, n) for n in range(self.nodes)]
+        deadline = time.monotonic() + ASK_S
+        while not all(p.exists() for p in answers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stacks = {}
+        for path in (p for p in answers if p.exists()):
+            for rank, text in json.loads(path.read_text()).items():
+                stacks[int(rank)] = None if text is None else RankStack.from_json(text.encode())
+        return report(stacks, list(range(self.world_size)), [], self.run)
 
     def _show_state(self, state: str, reason: str, nodes: str) -> None:
         if state == "PENDING":

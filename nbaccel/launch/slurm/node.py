@@ -24,14 +24,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
 
-from ...env import METRICS_DIR_VAR
+from ...env import METRICS_DIR_VAR, STACKS_VAR
 
 RENDEZVOUS_WAIT_S = 300  # for the first node's port, while SLURM starts the job's tasks
 
@@ -89,6 +92,11 @@ def run_node(payload: bytes, nproc: int, environ: dict, folder: str) -> dict[int
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", os.cpu_count() or 1))
     os.environ.update(environ)
     os.environ[METRICS_DIR_VAR] = str(folder)  # each rank's records, for the notebook's view
+    stacks_dir = tempfile.mkdtemp(prefix="nbaccel-stacks-")  # this node's ranks' sockets
+    os.environ[STACKS_VAR] = stacks_dir
+    threading.Thread(
+        target=_answer_requests, args=(folder, stacks_dir, node_id), daemon=True
+    ).start()
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpus // nproc)))
     config = LaunchConfig(
         min_nodes=nodes,
@@ -106,7 +114,38 @@ def run_node(payload: bytes, nproc: int, environ: dict, folder: str) -> dict[int
         values = elastic_launch(config, work)(payload, str(folder))
     except ChildFailedError:
         return {}  # each failed worker wrote its own error; the notebook reads them
+    finally:
+        shutil.rmtree(stacks_dir, ignore_errors=True)
     return dict(values.values())
+
+
+def stacks_answer(folder: Path, request: str, node_id: int) -> Path:
+    return folder / f"stacks-{request}-node{node_id}.json"
+
+
+def _answer_requests(folder: Path, stacks_dir: str, node_id: int) -> None:
+    """The notebook asks "where is every rank?" by writing ``stacks.request`` (a new id each
+    time) to the job folder; this node asks its ranks at their sockets, as a local launch does
+    (``observe/stacks.py``), and writes their answers beside it."""
+    from ...observe.stacks import collect, socket_path
+
+    answered = None
+    while True:
+        time.sleep(0.2)
+        try:
+            request = (folder / "stacks.request").read_text().strip()
+        except OSError:
+            continue
+        if not request or request == answered:
+            continue
+        answered = request
+        ranks = [int(name) for name in os.listdir(stacks_dir) if name.isdigit()]
+        stacks = collect({rank: socket_path(stacks_dir, rank) for rank in ranks})
+        data = {rank: None if s is None else s.to_json().decode() for rank, s in stacks.items()}
+        path = stacks_answer(folder, request, node_id)
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_text(json.dumps(data))
+        os.replace(partial, path)
 
 
 class _Prefixed:
@@ -131,7 +170,10 @@ def work(payload: bytes, folder: str) -> tuple[int, bytes]:
     """One worker: the launched function, its value pickled, its error written down."""
     import cloudpickle
 
+    from ...observe.stacks import listen_from_environ
+
     rank = int(os.environ["RANK"])
+    listen_from_environ()  # answers "where are you?" (the node asks for the notebook)
     sys.stdout = _Prefixed(sys.stdout, f"[rank {rank}] ")
     sys.stderr = _Prefixed(sys.stderr, f"[rank {rank}] ")
     try:
