@@ -9,8 +9,11 @@ failed run ends with one line that names the failing rank and its exit code.
 ``--timeout`` stops a run that has not finished after that many seconds; then, as on Ctrl-C or
 SIGTERM, it first asks every local rank where it is (each rank's ``PartialState`` listens on a
 socket in a temporary folder named by ``NBACCEL_STACKS_DIR``, ``stacks.py``) and ends with that
-report. There is no ``--stall-warning``: under torchrun the workers' records stay in the workers
-(no channel reaches this process), so it cannot see them stop.
+report. ``--slurm`` submits the script to a SLURM cluster instead (``--num-nodes`` nodes of
+``-n`` processes each): the notebook's cluster path (``launch/slurm``) with the script as its
+function, so the queue state, the output, the error naming rank and node, and the hang report
+read as they do in a cell. There is no ``--stall-warning``: under torchrun the workers' records
+stay in the workers (no channel reaches this process), so it cannot see them stop.
 """
 
 from __future__ import annotations
@@ -81,6 +84,21 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument(
         "--save-panel", metavar="PNG", help="save rank 0's final live panel to this PNG file"
     )
+    cluster = parser.add_argument_group(
+        "a SLURM cluster (--slurm): --num-nodes nodes of -n processes each, through sbatch"
+    )
+    cluster.add_argument("--slurm", action="store_true", help="submit to SLURM (nbaccel[slurm])")
+    cluster.add_argument("--partition", help="SLURM's partition (default: nbaccel config's)")
+    cluster.add_argument("--time", help="the job's time limit: minutes or 1:30:00")
+    cluster.add_argument("--account", help="the account to charge")
+    cluster.add_argument("--gpus-per-node", type=int, help="GPUs on each node")
+    cluster.add_argument("--cpus-per-task", type=positive_int, help="CPUs for each node's task")
+    cluster.add_argument(
+        "--folder", default="nbaccel-jobs", help="job folders, on a filesystem every node sees"
+    )
+    cluster.add_argument(
+        "--print-script", action="store_true", help="print the batch script and submit nothing"
+    )
     parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
@@ -89,6 +107,8 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 
 def launch_command(args: argparse.Namespace) -> int:
+    if args.slurm or args.print_script:
+        return slurm_command(args)
     config = launch_config(args)
     check_script(args)
     env = {**os.environ, **config.to_environ()}
@@ -120,6 +140,55 @@ def launch_command(args: argparse.Namespace) -> int:
     if outcome.returncode != 0:
         print(f"nbaccel launch: {outcome.describe()}", file=sys.stderr)
     return outcome.exit_status
+
+
+def slurm_command(args: argparse.Namespace) -> int:
+    """The script on a SLURM cluster: the notebook's cluster path, with the script as the
+    function (``run_script``), so output, errors, the queue state and hangs read the same."""
+    from .. import LaunchError, NbaccelError, SlurmCluster, notebook_launcher
+
+    check_script(args)
+    time = int(args.time) if args.time and args.time.isdigit() else args.time
+    try:
+        cluster = SlurmCluster(
+            args.partition, time, args.account, args.gpus_per_node, args.cpus_per_task,
+            args.folder,
+        )  # fmt: skip
+        if args.print_script:
+            print(cluster.batch_script(args.num_nodes))
+            return 0
+        script = args.script if args.module else os.path.abspath(args.script)
+        notebook_launcher(
+            run_script, args=(script, list(args.script_args), args.module),
+            num_processes=args.num_processes, num_nodes=args.num_nodes,
+            mixed_precision=args.mixed_precision, cpu=args.cpu, fsdp=args.fsdp,
+            deepspeed=args.deepspeed, zero_stage=args.zero_stage, timeout=args.timeout,
+            cluster=cluster,
+        )  # fmt: skip
+    except LaunchError as err:
+        print(f"nbaccel launch --slurm: {err}", file=sys.stderr)
+        return 1
+    except (NbaccelError, ValueError) as err:
+        raise UsageError(str(err)) from None
+    return 0
+
+
+def run_script(script: str, argv: list[str], module: bool) -> None:
+    """One rank of ``nbaccel launch --slurm``: the script as ``python SCRIPT ARGS`` runs it
+    (``sys.argv``, ``__main__``); ``sys.exit(0)`` is a success."""
+    import runpy
+
+    sys.argv = [script, *argv]
+    if not module:
+        sys.path.insert(0, os.path.dirname(script))  # as `python SCRIPT` does
+    try:
+        if module:
+            runpy.run_module(script, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as done:
+        if done.code not in (None, 0):
+            raise
 
 
 def launch_config(args: argparse.Namespace) -> LaunchConfig:
