@@ -71,8 +71,10 @@ def launch(payload: bytes, environ: dict, nproc: int, num_nodes: int, cluster: S
     umask = os.umask(0o077)  # the job folder, its pickles and its logs: the user's alone
     try:  # (sbatch and srun pass this umask on to the job's tasks)
         if os.environ.get("SLURM_JOB_ID"):  # this kernel runs inside an allocation
-            watch = _in_allocation(run_node, (payload, nproc, environ), num_nodes, cluster)
-            watch.run, watch.view = run, view
+            job, folder, step = _in_allocation(
+                run_node, (payload, nproc, environ), num_nodes, cluster
+            )
+            watch = _Watch(job, folder, step, run=run, view=view)
         else:
             executor = cluster.executor(num_nodes, cluster.folder / "%j")
             template = str(cluster.folder / "%j")
@@ -96,7 +98,7 @@ def launch(payload: bytes, environ: dict, nproc: int, num_nodes: int, cluster: S
     return watch.outcome(return_all, num_nodes * nproc)
 
 
-def _in_allocation(run_node, args: tuple, num_nodes: int, cluster: SlurmCluster) -> _Watch:
+def _in_allocation(run_node, args: tuple, num_nodes: int, cluster: SlurmCluster):
     """One job step (``srun``) in the allocation this kernel runs in, no new ``sbatch``:
     submitit's own task runner reads the call from a folder of this launch alone (submitit has
     no call for steps)."""
@@ -119,7 +121,7 @@ def _in_allocation(run_node, args: tuple, num_nodes: int, cluster: SlurmCluster)
         stderr=open(folder / "srun.err", "wb"),  # noqa: SIM115 (srun's own; the child keeps it)
     )
     job = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=list(range(num_nodes)))
-    return _Watch(job, folder, step)
+    return job, folder, step
 
 
 def _cancel(job_id: str) -> None:
