@@ -57,12 +57,13 @@ def _free_port() -> int:
 
 def _config(folder: Path, host: str, ports: dict) -> str:
     nodes = "\n".join(
-        f"NodeName={n} NodeHostname={host} CPUs={CPUS_PER_NODE} RealMemory=4000 Port={ports[n]}"
+        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 CPUs={CPUS_PER_NODE} "
+        f"RealMemory=4000 Port={ports[n]}"
         for n in NODES
     )
     return f"""\
 ClusterName=nbaccel-test
-SlurmctldHost={host}
+SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ports["ctld"]}
 SlurmUser=root
 AuthType=auth/munge
