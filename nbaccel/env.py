@@ -30,6 +30,9 @@ FSDP_VAR = "NBACCEL_FSDP"  # "1": Accelerator() shards with FSDP2's defaults
 DEEPSPEED_VAR = "NBACCEL_DEEPSPEED"  # "0".."3": Accelerator() uses DeepSpeed at that ZeRO stage
 CHANNEL_VAR = "NBACCEL_METRICS_FD"  # the worker's end of the channel (``observe/channel.py``)
 METRICS_DIR_VAR = "NBACCEL_METRICS_DIR"  # on a cluster: the job folder the channel writes to
+JOB_KEY_VAR = (
+    "NBACCEL_JOB_KEY"  # on a cluster: the launch's secret (hex) that seals the folder's files
+)
 PANEL_VAR = "NBACCEL_SAVE_PANEL"  # a path: without a notebook, save the final panel there
 CONFIG_VAR = "NBACCEL_CONFIG"  # where the ``nbaccel config`` file is, if not the usual place
 BREAKDOWN_VAR = "NBACCEL_BREAKDOWN"  # "0": time nothing (``breakdown.py``); on by default

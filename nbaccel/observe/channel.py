@@ -7,9 +7,12 @@ waiting (``MSG_DONTWAIT``): when the notebook is busy the records wait in the bu
 the buffer is full the oldest are dropped and counted. Logging never blocks and never raises.
 
 On a cluster (``launch/slurm``) there is no socket to the notebook: the channel appends the
-same batches, each with its length, to ``metrics-<rank>.bin`` in the job folder
-(``NBACCEL_METRICS_DIR``), which only the user can read and write; the notebook reads them
-back from there (``read_frames``). One ``write`` per batch, on a file opened for appending.
+same batches to ``metrics-<rank>.bin`` in the job folder (``NBACCEL_METRICS_DIR``), which only
+the user can read and write, and the notebook reads them back from there (``read_frames``). One
+``write`` per batch, on a file opened for appending. There a batch is JSON, never a pickle, and
+is sealed with the launch's secret (``seal``: HMAC-SHA256 under ``NBACCEL_JOB_KEY``, a key made
+for this launch alone): the notebook drops, and logs, a batch that lacks the seal, so a file
+that something other than the job's ranks wrote (or another launch's) adds nothing to the run.
 
 Launcher side: ``decode`` turns a datagram back into ``Record``s, which the launching process
 keeps in a ``run.Run``. The names of the library's own counters live here, beside the channel
@@ -21,6 +24,9 @@ Neither side imports torch: values arrive here already converted to floats.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import os
 import pickle
 import socket
@@ -31,7 +37,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..env import CHANNEL_VAR, METRICS_DIR_VAR
+from ..env import CHANNEL_VAR, JOB_KEY_VAR, METRICS_DIR_VAR
 
 if TYPE_CHECKING:
     from .records import Run
@@ -113,7 +119,7 @@ class Channel:
         if folder:
             channel = cls(rank, None, run)
             channel._file = os.path.join(folder, f"metrics-{rank}.bin")
-            channel._sock = _FileSink(channel._file)
+            channel._sock = _FileSink(channel._file, bytes.fromhex(os.environ[JOB_KEY_VAR]))
             _open_channels.add(channel)
             return channel
         fd = os.environ.get(CHANNEL_VAR)
@@ -145,9 +151,12 @@ class Channel:
         self._last_flush = time.monotonic()
         while self._sock is not None and self._buffer:
             batch = [self._buffer[i] for i in range(min(_PER_DATAGRAM, len(self._buffer)))]
-            data = pickle.dumps(("metrics", self.rank, self.dropped, batch))
+            message = ("metrics", self.rank, self.dropped, batch)
             try:
-                self._sock.send(data, socket.MSG_DONTWAIT)
+                if isinstance(self._sock, _FileSink):
+                    self._sock.write(message)
+                else:  # the launcher's own socketpair: a peer it started
+                    self._sock.send(pickle.dumps(message), socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return  # the notebook is busy: keep the records for the next flush
             except OSError:
@@ -178,20 +187,45 @@ def flush_all() -> None:
 
 
 class _FileSink:
-    """A socket's ``send`` for the cluster: one length-prefixed batch appended per call."""
+    """The cluster's end instead of a socket: one sealed, length-prefixed batch appended per
+    ``write``."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str, key: bytes) -> None:
+        self.path, self.key = path, key
 
-    def send(self, data: bytes, flags: int = 0) -> int:
+    def write(self, message: tuple) -> None:
+        data = seal(self.key, json.dumps(message).encode())
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            return os.write(fd, len(data).to_bytes(4, "big") + data)
+            os.write(fd, len(data).to_bytes(4, "big") + data)
         finally:
             os.close(fd)
 
     def close(self) -> None:
         pass
+
+
+def seal(key: bytes, body: bytes) -> bytes:
+    """``body`` with its HMAC-SHA256 under ``key`` in front (32 bytes)."""
+    return hmac.new(key, body, hashlib.sha256).digest() + body
+
+
+def unseal(key: bytes, data: bytes) -> bytes | None:
+    """The body ``seal`` sealed under ``key``; None for anything else."""
+    mac, body = data[:32], data[32:]
+    good = len(data) >= 32 and hmac.compare_digest(
+        mac, hmac.new(key, body, hashlib.sha256).digest()
+    )
+    return body if good else None
+
+
+def decode_sealed(key: bytes, frame: bytes) -> tuple[list[Record], int, int] | None:
+    """A cluster batch (``_FileSink.write``) as ``decode`` gives it, or None without the seal."""
+    body = unseal(key, frame)
+    if body is None:
+        return None
+    _, rank, dropped, batch = json.loads(body)
+    return [Record(rank, *row) for row in batch], rank, dropped
 
 
 def read_frames(data: bytes) -> tuple[list[bytes], int]:

@@ -26,21 +26,29 @@ by ``scontrol show job`` (TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL).
 The job folder is the channel: ``folder/<job id>``, created readable by the user alone (0700),
 holds the batch script, the pickled call, each task's log and result, and each failed rank's
 error. Nothing listens on the network for the notebook; torch's rendezvous between the nodes is
-the only traffic, as under torchrun.
+the only traffic, as under torchrun. What the job writes there while it runs is sealed with a
+secret made for this launch, and the notebook drops and logs what lacks the seal (``folder.py``).
+
+Clocks: the records carry each node's ``time.time()``, and rates and the run's timing compare
+them across nodes, as SLURM itself assumes synchronized clocks (NTP, chrony). A node whose
+records come from the notebook's future is a clock that is off, and the cell says so, since the
+cross-node times are off by as much.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import secrets
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from ...errors import LaunchError, RankFailure, by_priority, root_cause_report
+from ...env import JOB_KEY_VAR
+from ...errors import LaunchError, root_cause_report
 from .cluster import SlurmCluster, check_slurm
+from .folder import JobFolder, stacks_answer, write_sealed
 
 #: How often the launch asks ``squeue`` about the job; SLURM's own tools poll likewise.
 POLL_S = 0.5
@@ -67,6 +75,8 @@ def launch(payload: bytes, environ: dict, nproc: int, num_nodes: int, cluster: S
     from .node import run_node
 
     check_slurm(cluster)
+    key = secrets.token_bytes(32)  # this launch's seal; it travels in the 0700 job folder
+    environ = {**environ, JOB_KEY_VAR: key.hex()}
     cluster.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     umask = os.umask(0o077)  # the job folder, its pickles and its logs: the user's alone
     try:  # (sbatch and srun pass this umask on to the job's tasks)
@@ -74,12 +84,12 @@ def launch(payload: bytes, environ: dict, nproc: int, num_nodes: int, cluster: S
             job, folder, step = _in_allocation(
                 run_node, (payload, nproc, environ), num_nodes, cluster
             )
-            watch = _Watch(job, folder, step, run=run, view=view)
+            watch = _Watch(job, folder, key, step, run=run, view=view)
         else:
             executor = cluster.executor(num_nodes, cluster.folder / "%j")
             template = str(cluster.folder / "%j")
             job = executor.submit(run_node, payload, nproc, environ, template)
-            watch = _Watch(job, cluster.folder / str(job.job_id), run=run, view=view)
+            watch = _Watch(job, cluster.folder / str(job.job_id), key, run=run, view=view)
     finally:
         os.umask(umask)
     watch.nodes, watch.world_size = num_nodes, num_nodes * nproc
@@ -145,13 +155,14 @@ class _Watch:
     """One job (or job step) from the queue to its end: its state shown, its output relayed,
     its errors read, its values back."""
 
-    def __init__(self, job, folder: Path, step=None, run=None, view=None) -> None:
-        self.job, self.folder, self.step, self.run, self.view = job, folder, step, run, view
+    def __init__(self, job, folder: Path, key: bytes, step=None, run=None, view=None) -> None:
+        self.job, self.folder, self.key, self.step = job, folder, key, step
+        self.run, self.view = run, view
         self.name = (
             f"a job step in SLURM allocation {job.job_id}" if step else f"SLURM job {job.job_id}"
         )
         self.shown_state = None
-        self.offsets: dict[Path, int] = {}  # how far each log and metrics file was read
+        self.files = JobFolder(folder, key, self.name)
         self.first_error_at: float | None = None
         self.ran = False  # the job reached RUNNING: its ranks can be asked where they are
         self.nodes = self.world_size = 1  # set by launch()
@@ -181,24 +192,33 @@ class _Watch:
             state, reason, nodes = self._status()
             self.ran = self.ran or state == "RUNNING"
             self._show_state(state, reason, nodes)
-            self._relay()
+            self.files.relay(self.run, self.view)
             if state == "GONE" or state not in ACTIVE:
                 break
-            if self.first_error_at is None and any(self.folder.glob("rank-*.error.json")):
+            if self.first_error_at is None and self.files.failures():
                 self.first_error_at = time.monotonic()
             if self.first_error_at and time.monotonic() - self.first_error_at > GRACE_S:
                 self.cancel()  # the others stayed blocked on the failed rank
             if timeout is not None and time.monotonic() - started > timeout:
                 where = self.where()
                 self.cancel()
-                self._relay()
+                self.files.relay(self.run, self.view)
                 said = f"{self.name} did not finish within timeout={timeout:g} s and was cancelled"
                 said += f". {where}" if where is not None else ""
                 stacks = where.stacks if where is not None else {}
-                raise LaunchError(f"{said}\n\nIts logs: {self.folder}", stacks=stacks)
+                raise LaunchError(f"{said}\n\nIts logs: {self.folder}", run=self.run, stacks=stacks)
             time.sleep(POLL_S)
-        self.cancel()  # COMPLETING: wait until it has left the queue
-        self._relay()
+        self._settle()
+        self.files.relay(self.run, self.view)
+
+    def _settle(self) -> None:
+        """Wait until the ended job has let go of its nodes (COMPLETING), or the step's srun
+        has exited: nothing of it stays behind when the cell returns."""
+        if self.step is not None:
+            self.step.wait()
+            return
+        while _state(self.job.job_id)[0] in ACTIVE:
+            time.sleep(POLL_S)
 
     def where(self):
         """Where every rank is (``hang.Report``), asked through the job folder: each node asks
@@ -209,20 +229,17 @@ class _Watch:
 
         from ...observe.hang import report
         from ...observe.stacks import RankStack
-        from .node import stacks_answer
 
         request = uuid.uuid4().hex[:12]
-        partial = self.folder / ".stacks.request.partial"
-        partial.write_text(request)
-        os.replace(partial, self.folder / "stacks.request")
+        write_sealed(self.folder / "stacks.request", self.key, request)
         answers = [stacks_answer(self.folder, request, n) for n in range(self.nodes)]
         deadline = time.monotonic() + ASK_S
         while not all(p.exists() for p in answers) and time.monotonic() < deadline:
             time.sleep(0.1)
-        stacks = {}
-        for path in (p for p in answers if p.exists()):
-            for rank, text in json.loads(path.read_text()).items():
-                stacks[int(rank)] = None if text is None else RankStack.from_json(text.encode())
+        stacks = {
+            rank: None if text is None else RankStack.from_json(text.encode())
+            for rank, text in self.files.answers(answers).items()
+        }
         return report(stacks, list(range(self.world_size)), [], self.run)
 
     def _show_state(self, state: str, reason: str, nodes: str) -> None:
@@ -237,89 +254,44 @@ class _Watch:
             print(line, file=sys.stderr, flush=True)
             self.shown_state = line
 
-    def _relay(self) -> None:
-        """Print the ranks' new whole lines from each task's log (agent lines stay there), and
-        add the ranks' new records to the run and the live view."""
-        for log in sorted(self.folder.glob("*_log.out")):
-            whole = self._read(log, lambda data: data.rfind(b"\n") + 1)
-            for line in whole.decode(errors="replace").splitlines():
-                if line.startswith("[rank "):
-                    print(line, flush=True)
-        if self.run is None:
-            return
-        from ...observe.channel import decode, read_frames
-
-        for path in sorted(self.folder.glob("metrics-*.bin")):
-            for frame in read_frames(self._read(path, lambda data: read_frames(data)[1]))[0]:
-                records, rank, dropped = decode(frame)
-                self.run.add(records)
-                self.run.dropped[rank] = dropped
-        if self.view is not None:
-            self.view.update(self.run)
-
-    def _read(self, path: Path, whole) -> bytes:
-        """What ``path`` gained since the last read, up to where ``whole(data)`` ends."""
-        try:
-            with open(path, "rb") as f:
-                f.seek(self.offsets.get(path, 0))
-                data = f.read()
-        except OSError:
-            return b""
-        data = data[: whole(data)]
-        self.offsets[path] = self.offsets.get(path, 0) + len(data)
-        return data
-
     def outcome(self, return_all: bool, world_size: int) -> list[Any]:
-        import cloudpickle
+        from types import SimpleNamespace
 
         from ..child_failed import LaunchError  # also torch's ChildFailedError
+        from ..results import collect
 
-        failures = self._failures()
+        run = self.run
+        failures = self.files.failures()
         tasks = [self.job.task(i) for i in range(self.job.num_tasks)]
         missing = [t for t in tasks if not t.paths.result_pickle.exists()]
         if failures:
+            if run is not None:
+                run.failures = failures
             report = root_cause_report(failures, set(), [])
-            raise LaunchError(f"{report}\n\nThe job's logs: {self.folder}", failures)
+            raise LaunchError(f"{report}\n\nThe job's logs: {self.folder}", failures, run)
         state, fields = self._final_state()
         if missing or state in ENDED_BY_SLURM:
-            raise LaunchError(self._ended_by_slurm(state, fields, bool(missing)))
-        values: dict[int, bytes] = {}
+            raise LaunchError(self._ended_by_slurm(state, fields, bool(missing)), run=run)
+        values: dict[int, tuple] = {}
         for i, task in enumerate(tasks):
             try:
                 values.update(task.result())
             except Exception as exc:  # the node's own task failed, outside the function
                 raise LaunchError(
-                    f"SLURM job {self.job.job_id}: node task {i} failed before or after its "
-                    f"ranks ran ({state}):\n{exc}"
+                    f"{self.name}: node task {i} failed before or after its ranks ran "
+                    f"({state}):\n{exc}",
+                    run=run,
                 ) from None
         if len(values) != world_size:
             raise LaunchError(
-                f"{self.name} returned {len(values)} of {world_size} ranks' "
-                f"values; see {self.folder}"
+                f"{self.name} returned {len(values)} of {world_size} ranks' values; see "
+                f"{self.folder}",
+                run=run,
             )
-        wanted = sorted(values) if return_all else [0]
-        return [cloudpickle.loads(values[rank]) for rank in wanted]
-
-    def _failures(self) -> list[RankFailure]:
-        found = []
-        for path in self.folder.glob("rank-*.error.json"):
-            report = json.loads(path.read_text())
-            found.append(
-                (
-                    path.stat().st_mtime_ns,
-                    RankFailure(
-                        rank=report["rank"],
-                        pid=report["pid"],
-                        exc_type=report["exc_type"],
-                        message=report["message"],
-                        traceback=report["traceback"],
-                        node=report["node"],
-                        secondary=report["secondary"],
-                    ),
-                )
-            )
-        arrival = [f.rank for _, f in sorted(found, key=lambda x: (x[0], x[1].rank))]
-        return by_priority([f for _, f in found], arrival)
+        ranks = [
+            SimpleNamespace(rank=r, pid=values[r][0], result=values[r][1]) for r in sorted(values)
+        ]
+        return collect(ranks, return_all, run if run is not None else SimpleNamespace())
 
     def _final_state(self) -> tuple[str, dict]:
         shown = _slurm("scontrol", "show", "job", str(self.job.job_id), "-o")

@@ -12,17 +12,19 @@ gives them torchrun's variables (``RANK``, ``WORLD_SIZE``, ...), and raises torc
 
 Each worker (``work``) prefixes its output lines with its rank, writes its own error (rank,
 node, traceback, as JSON) to the job folder before it fails, so that the notebook can name it
-the moment it happens, and returns its value cloudpickled. ``run_node`` returns
-{global rank: pickled value}; submitit carries it back through the job folder.
+the moment it happens, and returns its value cloudpickled (``protocol.Result``, as a local
+worker does). ``run_node`` returns {global rank: (pid, Result)}; submitit carries it back
+through the job folder.
 
-The job folder is the trusted channel: only the user can read and write it (0700), and nothing
-listens on the network for the notebook. torch's own rendezvous is the only traffic between
-nodes.
+The job folder is the channel, and nothing listens on the network for the notebook: torch's
+rendezvous store on the first node (which hosts it as torchrun does) and the process group's
+own connections are the only traffic, between the nodes. Only the user can read and write the
+folder (0700), and what the notebook and the nodes exchange there while the job runs is sealed
+with the launch's own secret; each side drops and logs what lacks the seal (``folder.py``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -34,13 +36,10 @@ import time
 import traceback
 from pathlib import Path
 
-from ...env import METRICS_DIR_VAR, STACKS_VAR
+from ...env import JOB_KEY_VAR, METRICS_DIR_VAR, STACKS_VAR
+from .folder import error_path, read_sealed, stacks_answer, write_sealed
 
 RENDEZVOUS_WAIT_S = 300  # for the first node's port, while SLURM starts the job's tasks
-
-
-def error_path(folder: Path, rank: int) -> Path:
-    return Path(folder) / f"rank-{rank}.error.json"
 
 
 def node_address(name: str) -> str:
@@ -62,27 +61,32 @@ def _first_node() -> str:
     return names[0]
 
 
-def _endpoint(folder: Path, node_id: int) -> str:
-    """The first node picks a free port and writes ``addr:port``; the others wait for it."""
+def _endpoint(folder: Path, node_id: int):
+    """``(addr:port, store)``: the first node starts the rendezvous store on a port the system
+    picks (no window in which another process could take it: torch's static rendezvous finds
+    this store in its process by its port) and writes ``addr:port``; the others wait for it."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
     path = folder / "rendezvous"
     if node_id == 0:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        endpoint = f"{node_address(_first_node())}:{port}"
+        wait = timedelta(seconds=RENDEZVOUS_WAIT_S)
+        store = TCPStore("0.0.0.0", 0, None, True, wait, wait_for_workers=False, multi_tenant=True)
+        endpoint = f"{node_address(_first_node())}:{store.port}"
         partial = folder / ".rendezvous.partial"
         partial.write_text(endpoint)
         os.replace(partial, path)
-        return endpoint
+        return endpoint, store
     deadline = time.monotonic() + RENDEZVOUS_WAIT_S
     while not path.exists():
         if time.monotonic() > deadline:
             raise TimeoutError(f"the first node never wrote {path}")
         time.sleep(0.1)
-    return path.read_text().strip()
+    return path.read_text().strip(), None
 
 
-def run_node(payload: bytes, nproc: int, environ: dict, folder: str) -> dict[int, bytes]:
+def run_node(payload: bytes, nproc: int, environ: dict, folder: str) -> dict[int, tuple]:
     """This node's part of the job: its ``nproc`` workers under torch's elastic agent."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -94,17 +98,19 @@ def run_node(payload: bytes, nproc: int, environ: dict, folder: str) -> dict[int
     os.environ[METRICS_DIR_VAR] = str(folder)  # each rank's records, for the notebook's view
     stacks_dir = tempfile.mkdtemp(prefix="nbaccel-stacks-")  # this node's ranks' sockets
     os.environ[STACKS_VAR] = stacks_dir
+    key = bytes.fromhex(environ[JOB_KEY_VAR])
     threading.Thread(
-        target=_answer_requests, args=(folder, stacks_dir, node_id), daemon=True
+        target=_answer_requests, args=(folder, stacks_dir, node_id, key), daemon=True
     ).start()
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpus // nproc)))
+    endpoint, store = _endpoint(folder, node_id)  # the store lives until the agent is done
     config = LaunchConfig(
         min_nodes=nodes,
         max_nodes=nodes,
         nproc_per_node=nproc,
         run_id=os.environ["SLURM_JOB_ID"],
         rdzv_backend="static",  # node ranks are SLURM's: rank 0 runs on the first node
-        rdzv_endpoint=_endpoint(folder, node_id),
+        rdzv_endpoint=endpoint,
         rdzv_configs={"rank": node_id, "timeout": RENDEZVOUS_WAIT_S},
         max_restarts=0,
         monitor_interval=0.1,
@@ -116,36 +122,41 @@ def run_node(payload: bytes, nproc: int, environ: dict, folder: str) -> dict[int
         return {}  # each failed worker wrote its own error; the notebook reads them
     finally:
         shutil.rmtree(stacks_dir, ignore_errors=True)
+        del store
     return dict(values.values())
 
 
-def stacks_answer(folder: Path, request: str, node_id: int) -> Path:
-    return folder / f"stacks-{request}-node{node_id}.json"
-
-
-def _answer_requests(folder: Path, stacks_dir: str, node_id: int) -> None:
+def _answer_requests(folder: Path, stacks_dir: str, node_id: int, key: bytes) -> None:
     """The notebook asks "where is every rank?" by writing ``stacks.request`` (a new id each
-    time) to the job folder; this node asks its ranks at their sockets, as a local launch does
-    (``observe/stacks.py``), and writes their answers beside it."""
-    from ...observe.stacks import collect, socket_path
-
-    answered = None
+    time, sealed) to the job folder; this node asks its ranks at their sockets, as a local
+    launch does (``observe/stacks.py``), and writes their answers beside it, sealed. A request
+    without the launch's seal is refused, and said so in the node's log."""
+    seen = None
     while True:
         time.sleep(0.2)
-        try:
-            request = (folder / "stacks.request").read_text().strip()
-        except OSError:
-            continue
-        if not request or request == answered:
-            continue
-        answered = request
-        ranks = [int(name) for name in os.listdir(stacks_dir) if name.isdigit()]
-        stacks = collect({rank: socket_path(stacks_dir, rank) for rank in ranks})
-        data = {rank: None if s is None else s.to_json().decode() for rank, s in stacks.items()}
-        path = stacks_answer(folder, request, node_id)
-        partial = path.with_name(f".{path.name}.partial")
-        partial.write_text(json.dumps(data))
-        os.replace(partial, path)
+        seen = answer_request(folder, stacks_dir, node_id, key, seen)
+
+
+def answer_request(folder: Path, stacks_dir: str, node_id: int, key: bytes, seen: bytes | None):
+    """Answer ``stacks.request`` if it is new and sealed; return what it held."""
+    from ...observe.stacks import collect, socket_path
+
+    try:
+        data = (folder / "stacks.request").read_bytes()
+    except OSError:
+        return seen
+    if not data or data == seen:
+        return seen
+    try:
+        request = read_sealed(folder / "stacks.request", key)
+    except (OSError, ValueError) as exc:  # Forged, or not JSON
+        print(f"nbaccel: refused a stack request: {exc}", file=sys.stderr, flush=True)
+        return data
+    ranks = [int(name) for name in os.listdir(stacks_dir) if name.isdigit()]
+    stacks = collect({rank: socket_path(stacks_dir, rank) for rank in ranks})
+    answer = {rank: None if s is None else s.to_json().decode() for rank, s in stacks.items()}
+    write_sealed(stacks_answer(folder, str(request), node_id), key, answer)
+    return data
 
 
 class _Prefixed:
@@ -166,11 +177,12 @@ class _Prefixed:
         return getattr(self.stream, name)
 
 
-def work(payload: bytes, folder: str) -> tuple[int, bytes]:
+def work(payload: bytes, folder: str) -> tuple[int, tuple]:
     """One worker: the launched function, its value pickled, its error written down."""
     import cloudpickle
 
     from ...observe.stacks import listen_from_environ
+    from ..protocol import Result, type_name
 
     rank = int(os.environ["RANK"])
     listen_from_environ()  # answers "where are you?" (the node asks for the notebook)
@@ -178,21 +190,28 @@ def work(payload: bytes, folder: str) -> tuple[int, bytes]:
     sys.stderr = _Prefixed(sys.stderr, f"[rank {rank}] ")
     try:
         function, args, kwargs = cloudpickle.loads(payload)
-        return rank, cloudpickle.dumps(function(*args, **kwargs))
-    except BaseException as exc:
-        from ..forkserver import _is_collective_failure
-
-        report = {
-            "rank": rank,
-            "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
-            "pid": os.getpid(),
-            "exc_type": type(exc).__name__,
-            "message": str(exc),
-            "traceback": traceback.format_exc(),
-            "secondary": _is_collective_failure(exc, str(exc)),  # a peer died: not the cause
-        }
-        path = error_path(Path(folder), rank)
-        partial = path.with_name(f".{path.name}.partial")
-        partial.write_text(json.dumps(report))
-        os.replace(partial, path)
+        value = function(*args, **kwargs)
+        return rank, (os.getpid(), Result(cloudpickle.dumps(value), type_name(value)))
+    except SystemExit as exc:
+        if exc.code in (0, None):  # sys.exit(0): a rank that stopped early on purpose
+            return rank, (os.getpid(), Result(cloudpickle.dumps(None), "NoneType", exited=True))
+        _write_error(rank, folder, exc)
         raise
+    except BaseException as exc:
+        _write_error(rank, folder, exc)
+        raise
+
+
+def _write_error(rank: int, folder: str, exc: BaseException) -> None:
+    from ..forkserver import _is_collective_failure
+
+    report = {
+        "rank": rank,
+        "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
+        "pid": os.getpid(),
+        "exc_type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": traceback.format_exc(),
+        "secondary": _is_collective_failure(exc, str(exc)),  # a peer died: not the cause
+    }
+    write_sealed(error_path(Path(folder), rank), bytes.fromhex(os.environ[JOB_KEY_VAR]), report)

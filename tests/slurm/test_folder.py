@@ -1,0 +1,105 @@
+"""The job folder's seal (``launch/slurm/folder.py``): what the launch's own processes write is
+read, anything else is refused, logged and never unpickled. No cluster needed: the files are
+written by the same code the ranks and nodes run, and forged beside them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import secrets
+
+import pytest
+
+from nbaccel import Run
+from nbaccel.launch.slurm.folder import JobFolder, error_path, stacks_answer, write_sealed
+from nbaccel.launch.slurm.node import answer_request
+from nbaccel.observe.channel import Channel, seal
+
+
+class Bomb:
+    """Unpickling this creates ``path``: a forged frame that is unpickled leaves a trace."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.fixture
+def key():
+    return secrets.token_bytes(32)
+
+
+def rank_writes(folder, key, monkeypatch, rank: int, step: int, loss: float) -> None:
+    """What a rank on a cluster does: its channel appends a sealed batch to the folder."""
+    monkeypatch.setenv("NBACCEL_METRICS_DIR", str(folder))
+    monkeypatch.setenv("NBACCEL_JOB_KEY", key.hex())
+    channel = Channel.from_environ(rank)
+    channel.add(step, {"loss": loss})
+    channel.flush()
+
+
+def append_frame(path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(len(data).to_bytes(4, "big") + data)
+
+
+def test_a_forged_batch_of_records_is_refused_logged_and_never_unpickled(
+    tmp_path, key, monkeypatch, caplog, capsys
+):
+    rank_writes(tmp_path, key, monkeypatch, rank=0, step=1, loss=0.5)
+    path = tmp_path / "metrics-0.bin"
+    trace = tmp_path / "unpickled"
+    # Forgeries: a pickle (as the local channel's datagrams are), the right JSON without the
+    # seal, and the right JSON sealed with another launch's key.
+    append_frame(path, pickle.dumps(("metrics", 0, 0, [(2, 1.0, "loss", 99.0)], Bomb(str(trace)))))
+    body = json.dumps(["metrics", 0, 0, [[3, 1.0, "loss", 99.0]]]).encode()
+    append_frame(path, b"\0" * 32 + body)
+    append_frame(path, seal(secrets.token_bytes(32), body))
+    rank_writes(tmp_path, key, monkeypatch, rank=0, step=4, loss=0.25)  # the rank again
+    run = Run()
+    with caplog.at_level(logging.WARNING, logger="nbaccel.launch.slurm.folder"):
+        JobFolder(tmp_path, key, "SLURM job 7").relay(run, None)
+    assert run.series("loss") == {0: ([1, 4], [0.5, 0.25])}  # the rank's own, nothing forged
+    assert not trace.exists()
+    assert "refused a batch of records without this launch's seal in metrics-0.bin" in caplog.text
+    assert capsys.readouterr().err.count("nbaccel: refused") == 1  # said once per file
+
+
+def test_a_forged_error_file_names_no_rank(tmp_path, key, caplog):
+    real = {"rank": 1, "pid": 5, "exc_type": "ValueError", "message": "bad", "traceback": "tb",
+            "node": "n2", "secondary": False}  # fmt: skip
+    write_sealed(error_path(tmp_path, 1), key, real)
+    forged = {**real, "rank": 0, "message": "forged"}
+    error_path(tmp_path, 0).write_text(json.dumps(forged))  # no seal
+    write_sealed(error_path(tmp_path, 2), secrets.token_bytes(32), {**forged, "rank": 2})
+    files = JobFolder(tmp_path, key, "SLURM job 7")
+    with caplog.at_level(logging.WARNING, logger="nbaccel.launch.slurm.folder"):
+        failures = files.failures()
+    assert [(f.rank, f.node, f.message) for f in failures] == [(1, "n2", "bad")]
+    assert "rank-0.error.json does not carry this launch's seal" in caplog.text
+    assert "rank-2.error.json does not carry this launch's seal" in caplog.text
+
+
+def test_a_node_answers_only_the_launchs_own_stack_request(tmp_path, key, capsys):
+    stacks_dir = tmp_path / "stacks"  # the node's ranks' sockets: none here
+    stacks_dir.mkdir()
+    (tmp_path / "stacks.request").write_text(json.dumps("forged1"))  # no seal
+    seen = answer_request(tmp_path, str(stacks_dir), 0, key, None)
+    assert not stacks_answer(tmp_path, "forged1", 0).exists()
+    assert "nbaccel: refused a stack request" in capsys.readouterr().err
+    write_sealed(tmp_path / "stacks.request", key, "abc123")
+    answer_request(tmp_path, str(stacks_dir), 0, key, seen)
+    answer = stacks_answer(tmp_path, "abc123", 0)
+    assert JobFolder(tmp_path, key, "job").answers([answer]) == {}  # sealed, and no ranks
+    forged = stacks_answer(tmp_path, "abc123", 1)
+    forged.write_text(json.dumps({"0": None}))
+    assert JobFolder(tmp_path, key, "job").answers([answer, forged]) == {}
+
+
+def test_the_folder_files_are_the_users_alone(tmp_path, key, monkeypatch):
+    rank_writes(tmp_path, key, monkeypatch, rank=3, step=1, loss=1.0)
+    assert os.stat(tmp_path / "metrics-3.bin").st_mode & 0o077 == 0
