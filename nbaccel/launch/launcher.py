@@ -213,10 +213,12 @@ def _run_on_cluster(function, args, kwargs, config, nodes, cluster, return_all, 
     run.world_size = nodes * config.num_processes
     run.device = device_label("cuda" if cluster.gpus_per_node else "cpu")
     view = live if isinstance(live, LiveView) else LiveView() if live else None
+    run.started = time.time()  # the launch's clock, as a local launch's (``Run.timing``)
     try:
         values = launch(payload, environ, config.num_processes, nodes, cluster, return_all,
                         timeout, run, view)  # fmt: skip
     finally:
+        run.finished = time.time()
         if view is not None:
             view.close(run)
     return values if return_all else values[0]

@@ -125,6 +125,30 @@ class Cluster:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+_shared: list[tuple[Cluster, str | None]] = []  # the session's cluster, SLURM_CONF before it
+
+
+def shared() -> Cluster:
+    """The session's one cluster (the cluster tests and lesson 5 share it): started on first
+    use, with ``SLURM_CONF`` pointing at it in this process and the kernels started after."""
+    if not _shared:
+        cluster = start()
+        _shared.append((cluster, os.environ.get("SLURM_CONF")))
+        os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+    return _shared[0][0]
+
+
+def stop_shared() -> None:
+    """Stop the session's cluster, if one started, and put ``SLURM_CONF`` back."""
+    if _shared:
+        cluster, before = _shared.pop()
+        if before is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = before
+        cluster.stop()
+
+
 def start(timeout: float = 120) -> Cluster:
     """Start the cluster; return once both nodes are idle."""
     if reason := why_not():

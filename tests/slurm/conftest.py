@@ -1,4 +1,5 @@
-"""The test cluster, once per session: two SLURM nodes on this machine (``cluster.py``).
+"""The test cluster, once per session: two SLURM nodes on this machine (``cluster.py``), shared
+with lesson 5's cluster section (``notebooks/conftest.py``) and stopped when the session ends.
 
 Where ``make`` installed SLURM as root (CI), ``NBACCEL_SLURM=required`` and a cluster that
 cannot start fails the tests; elsewhere they skip and say how to run them. While it runs,
@@ -21,17 +22,11 @@ def slurm():
         if os.environ.get("NBACCEL_SLURM") == "required":
             pytest.fail(f"make installed SLURM, yet: {reason}")
         pytest.skip(f"{reason}; then `make test` runs these on a two-node cluster it starts")
-    cluster = test_cluster.start()
-    before = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-    try:
-        yield cluster
-    finally:
-        if before is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = before
-        cluster.stop()
+    return test_cluster.shared()  # stopped when the session ends (lesson 5 runs on it too)
+
+
+def pytest_sessionfinish(session):
+    test_cluster.stop_shared()
 
 
 @pytest.fixture

@@ -190,6 +190,8 @@ def test_every_nodes_records_reach_the_run(empty_queue, tmp_path):
     assert series[0][1] == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert series[1][1] == [10.0, 11.0, 12.0, 13.0, 14.0]
     assert run.latest("nbaccel/samples") == {0: 20, 1: 20} and run.world_size == 2
+    timing = run.timing()  # the launch's own clock: started, first and last record, finished
+    assert 0 < timing.startup and timing.startup + timing.training <= timing.wall
 
 
 def test_the_cluster_defaults_come_from_nbaccel_config(tmp_path, monkeypatch):
