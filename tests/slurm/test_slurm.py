@@ -6,6 +6,9 @@ the job returned, raised and left in the queue, never from a clock; the timeouts
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -191,7 +194,7 @@ def test_every_nodes_records_reach_the_run(empty_queue, tmp_path):
     assert series[1][1] == [10.0, 11.0, 12.0, 13.0, 14.0]
     assert run.latest("nbaccel/samples") == {0: 20, 1: 20} and run.world_size == 2
     timing = run.timing()  # the launch's own clock: started, first and last record, finished
-    assert 0 < timing.startup and timing.startup + timing.training <= timing.wall
+    assert timing.startup > 0 and timing.startup + timing.training <= timing.wall
 
 
 def test_the_cluster_defaults_come_from_nbaccel_config(tmp_path, monkeypatch):
@@ -208,3 +211,43 @@ def test_the_cluster_defaults_come_from_nbaccel_config(tmp_path, monkeypatch):
     assert SlurmCluster(folder=tmp_path).time == 60 and SlurmCluster().partition is None
     with pytest.raises(SystemExit):  # argparse's usage error: not minutes
         main(["config", "--slurm-time", "soon"])
+
+
+def test_a_folder_the_nodes_cannot_see_is_named_with_the_fix(empty_queue, tmp_path):
+    """The notebook's folder is a tmpfs mounted in a mount namespace of its own (unshare), as a
+    login node's local disk is: the job's nodes (this machine's slurmd, outside it) cannot see
+    what the notebook writes there."""
+    folder = tmp_path / "local-only"
+    folder.mkdir()
+    code = (
+        "from nbaccel import SlurmCluster, LaunchError, notebook_launcher\n"
+        "try:\n"
+        f"    notebook_launcher(sorted, args=([2, 1],), num_nodes=2, timeout=240,\n"
+        f"                      cluster=SlurmCluster(time=10, folder={str(folder)!r}))\n"
+        "except LaunchError as error:\n"
+        "    print(error)\n"
+    )
+    mount = f'mount -t tmpfs tmpfs {folder} && exec {sys.executable} -c "$0"'
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, code],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert "the nodes cannot see that folder" in done.stdout, done.stdout + done.stderr
+    assert "SlurmCluster(folder=...)" in done.stdout
+
+
+def test_slurms_own_kills_are_each_said_with_the_option_to_change(tmp_path):
+    """The test cluster enforces no memory limit (no cgroup plugin), so the memory kill's words
+    are checked on the state SLURM reports, as the time limit's are on a real kill above."""
+    from types import SimpleNamespace
+
+    from nbaccel.launch.slurm.job import _Watch
+
+    (tmp_path / "5_0_log.out").write_text("")  # the nodes did see the folder
+    watch = _Watch(SimpleNamespace(job_id="5"), tmp_path, b"k" * 32)
+    said = watch._ended_by_slurm("OUT_OF_MEMORY", {}, missing=True)
+    assert "more memory than it asked for" in said and "SlurmCluster(mem='32G')" in said
+    said = watch._ended_by_slurm("TIMEOUT", {"TimeLimit": "00:01:00"}, missing=True)
+    assert "at its time limit (00:01:00)" in said and "SlurmCluster(time=...)" in said
