@@ -118,6 +118,8 @@ class DeepSpeed(Strategy):
         zero.set_micro_batch(self.config, batch_size)
         zero.cap_buckets(self.config, model)
         deepspeed = zero.import_deepspeed(self.device)
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            zero.warn_stale_build_lock()
         with zero.quiet_start():
             engine, *_ = deepspeed.initialize(
                 model=model.to(self.device), optimizer=optimizer, config=self.config

@@ -32,6 +32,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -293,6 +294,31 @@ def _read(source: Mapping[str, Any] | str | os.PathLike | None) -> dict[str, Any
     if not isinstance(data, dict):
         raise ValueError(f"DeepSpeed config file {path} must hold a JSON object")
     return data
+
+
+#: Building DeepSpeed's op takes tens of seconds. torch's build lock (a FileBaton: an empty file,
+#: no pid) that is older than this was left by a build that was interrupted (a kernel killed or
+#: restarted mid-build), and every later DeepSpeed start waits for it forever.
+STALE_LOCK_S = 300
+
+
+def warn_stale_build_lock(name: str = "deepspeed_shm_comm") -> None:
+    """Say so, before DeepSpeed starts, when its op's build lock looks abandoned."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
+        age = time.time() - os.stat(lock).st_mtime
+    except Exception:  # no lock (the usual case), or torch moved its private helper
+        return
+    if age > STALE_LOCK_S:
+        print(
+            f"nbaccel: DeepSpeed's op build lock {lock} is {age / 60:.0f} min old: a build that "
+            "was interrupted left it, and DeepSpeed waits for it forever. If no other process is "
+            "building DeepSpeed's op now, delete that file and run this again.",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def build_ops() -> None:

@@ -318,3 +318,23 @@ def test_deepspeeds_start_up_finds_the_tools_of_this_environment(monkeypatch, tm
         found = shutil.which("ninja")
     assert found == os.path.join(os.path.dirname(sys.executable), "ninja")
     assert os.environ["PATH"] == str(tmp_path) and shutil.which("ninja") is None
+
+
+def test_an_abandoned_op_build_lock_is_named_before_deepspeed_waits_on_it(
+    monkeypatch, tmp_path, capsys
+):
+    """torch's build lock holds no pid, so a build killed midway leaves it and DeepSpeed then
+    waits forever: an old lock is named, with what to do; a fresh one (a build under way) is not.
+    The lock's age is set, not waited for."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    zero.warn_stale_build_lock()
+    assert capsys.readouterr().err == ""
+    hour_ago = os.stat(lock).st_mtime - 3600
+    os.utime(lock, (hour_ago, hour_ago))
+    zero.warn_stale_build_lock()
+    said = capsys.readouterr().err
+    assert f"DeepSpeed's op build lock {lock} is 6" in said and " min old: a build" in said
+    assert "delete that file and run this again" in said
