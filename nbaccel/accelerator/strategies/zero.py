@@ -30,6 +30,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -130,13 +131,19 @@ def _environment_kept() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _own_tools_on_path() -> Iterator[None]:
-    """Put this interpreter's bin first on PATH inside the block, then restore PATH.
+    """Where PATH has no ``ninja``, put this interpreter's bin first on PATH inside the block.
 
     DeepSpeed loads its C++ op through torch, which runs ``ninja`` from PATH even when the op
     is cached. ninja is a pip package installed beside this interpreter, but a Jupyter kernel
-    registered from a virtual environment runs without that environment's bin on PATH.
+    registered from a virtual environment runs without that environment's bin on PATH. A ninja
+    already on PATH is left first: it is the one every other process here (HF Accelerate's
+    DeepSpeed, say) runs, and two ninja versions rebuild the cached op each time the other one
+    built it last (their logs disagree on the command lines): 35 s per start on 2 cores.
     """
     before = os.environ.get("PATH")
+    if shutil.which("ninja", path=before) is not None:
+        yield
+        return
     own = os.path.dirname(sys.executable)
     os.environ["PATH"] = os.pathsep.join([own, *([before] if before else [])])
     try:

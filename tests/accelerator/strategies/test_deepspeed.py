@@ -320,6 +320,17 @@ def test_deepspeeds_start_up_finds_the_tools_of_this_environment(monkeypatch, tm
     assert os.environ["PATH"] == str(tmp_path) and shutil.which("ninja") is None
 
 
+def test_deepspeeds_start_up_keeps_the_ninja_already_on_path(monkeypatch, tmp_path):
+    """Two ninja versions rebuild the cached op whenever the other built it last, so the one
+    every other process here runs (the first on PATH) is kept first."""
+    theirs = tmp_path / "ninja"
+    theirs.write_text("#!/bin/sh\n")
+    theirs.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with zero.quiet_start():
+        assert shutil.which("ninja") == str(theirs)
+
+
 def test_an_abandoned_op_build_lock_is_named_before_deepspeed_waits_on_it(
     monkeypatch, tmp_path, capsys
 ):
