@@ -115,11 +115,11 @@ class Channel:
 
     @classmethod
     def from_environ(cls, rank: int, run: Run | None = None) -> Channel:
-        folder = os.environ.get(METRICS_DIR_VAR)
-        if folder:
+        folder, key = os.environ.get(METRICS_DIR_VAR), os.environ.get(JOB_KEY_VAR, "")
+        if folder and key:  # (a folder without the launch's key: nobody would accept its files)
             channel = cls(rank, None, run)
             channel._file = os.path.join(folder, f"metrics-{rank}.bin")
-            channel._sock = _FileSink(channel._file, bytes.fromhex(os.environ[JOB_KEY_VAR]))
+            channel._sock = _FileSink(channel._file, bytes.fromhex(key))
             _open_channels.add(channel)
             return channel
         fd = os.environ.get(CHANNEL_VAR)

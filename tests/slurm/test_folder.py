@@ -103,3 +103,15 @@ def test_a_node_answers_only_the_launchs_own_stack_request(tmp_path, key, capsys
 def test_the_folder_files_are_the_users_alone(tmp_path, key, monkeypatch):
     rank_writes(tmp_path, key, monkeypatch, rank=3, step=1, loss=1.0)
     assert os.stat(tmp_path / "metrics-3.bin").st_mode & 0o077 == 0
+
+
+def test_a_metrics_folder_without_the_launchs_key_records_into_the_run(tmp_path, monkeypatch):
+    """Logging never raises: a folder without a key (set by hand, not by a launch) is not a
+    channel anyone accepts, so the records stay in the rank's own run."""
+    monkeypatch.setenv("NBACCEL_METRICS_DIR", str(tmp_path))
+    monkeypatch.delenv("NBACCEL_JOB_KEY", raising=False)
+    run = Run()
+    channel = Channel.from_environ(0, run)
+    channel.add(1, {"loss": 0.5})
+    assert not channel.connected and run.series("loss") == {0: ([1], [0.5])}
+    assert list(tmp_path.iterdir()) == []
