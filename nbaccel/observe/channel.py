@@ -228,17 +228,25 @@ def decode_sealed(key: bytes, frame: bytes) -> tuple[list[Record], int, int] | N
     return [Record(rank, *row) for row in batch], rank, dropped
 
 
-def read_frames(data: bytes) -> tuple[list[bytes], int]:
-    """The whole batches at the start of ``data`` (what ``_FileSink`` appended), and how many
-    bytes they took; a batch still being written waits for the next read."""
+MAX_FRAME = 1 << 20  # bytes: a batch holds at most _PER_DATAGRAM records, far below this
+
+
+def read_frames(data: bytes) -> tuple[list[bytes], int, str | None]:
+    """The whole batches at the start of ``data`` (what ``_FileSink`` appended), how many bytes
+    they took, and what was wrong if the stream broke: a length prefix over ``MAX_FRAME`` was
+    not written by a rank, and the stream cannot be resynced after it (rather than waiting
+    forever for bytes no rank will write, the reader is told). A batch still being written
+    waits for the next read."""
     frames, at = [], 0
     while at + 4 <= len(data):
         size = int.from_bytes(data[at : at + 4], "big")
+        if size > MAX_FRAME:
+            return frames, at, f"a batch length of {size:,} bytes (at most {MAX_FRAME:,})"
         if at + 4 + size > len(data):
             break
         frames.append(data[at + 4 : at + 4 + size])
         at += 4 + size
-    return frames, at
+    return frames, at, None
 
 
 def decode(datagram: bytes) -> tuple[list[Record], int, int]:

@@ -69,6 +69,24 @@ def test_a_forged_batch_of_records_is_refused_logged_and_never_unpickled(
     assert capsys.readouterr().err.count("nbaccel: refused") == 1  # said once per file
 
 
+def test_a_false_batch_length_is_refused_not_waited_for(tmp_path, key, monkeypatch, capsys):
+    # A length prefix no rank wrote (4 GiB) would otherwise keep the reader waiting for bytes
+    # forever, and hide every later batch without a word.
+    rank_writes(tmp_path, key, monkeypatch, rank=0, step=1, loss=0.5)
+    rank_writes(tmp_path, key, monkeypatch, rank=1, step=1, loss=0.75)
+    with open(tmp_path / "metrics-0.bin", "ab") as f:
+        f.write((2**32 - 1).to_bytes(4, "big") + b"junk")
+    rank_writes(tmp_path, key, monkeypatch, rank=0, step=2, loss=0.25)
+    folder, run = JobFolder(tmp_path, key, "SLURM job 7"), Run()
+    folder.relay(run, None)
+    rank_writes(tmp_path, key, monkeypatch, rank=1, step=2, loss=0.5)
+    folder.relay(run, None)  # the other rank's file is still read
+    assert run.series("loss") == {0: ([1], [0.5]), 1: ([1, 2], [0.75, 0.5])}
+    err = capsys.readouterr().err
+    assert "refused a batch length of 4,294,967,295 bytes" in err
+    assert err.count("nbaccel: refused") == 1
+
+
 def test_a_forged_error_file_names_no_rank(tmp_path, key, caplog):
     real = {"rank": 1, "pid": 5, "exc_type": "ValueError", "message": "bad", "traceback": "tb",
             "node": "n2", "secondary": False}  # fmt: skip

@@ -75,6 +75,7 @@ class JobFolder:
         self.offsets: dict[Path, int] = {}  # how far each log and metrics file was read
         self.refused: set[str] = set()  # files already said to lack the seal
         self.skewed: set[int] = set()  # ranks whose clock was already said to be off
+        self.broken: set[Path] = set()  # metrics files whose stream a false length broke
 
     def relay(self, run, view) -> None:
         """Print the ranks' new whole lines from each task's log (agent lines stay there), and
@@ -87,7 +88,13 @@ class JobFolder:
         if run is None:
             return
         for path in sorted(self.path.glob("metrics-*.bin")):
-            for frame in read_frames(self._read(path, lambda data: read_frames(data)[1]))[0]:
+            if path in self.broken:
+                continue
+            frames, broke = self._frames(path)
+            if broke is not None:
+                self.broken.add(path)  # nothing after a false length can be read back
+                self.refuse(path, f"{broke} and everything after it")
+            for frame in frames:
                 try:
                     decoded = decode_sealed(self.key, frame)
                 except ValueError:
@@ -136,8 +143,8 @@ class JobFolder:
             self.refused.add(path.name)
             logger.warning("%s: refused %s in %s", self.name, what, path.name)
             print(
-                f"nbaccel: refused {what} in {path} (it lacks this launch's seal: something other "
-                "than this job's ranks wrote it); the run leaves it out.",
+                f"nbaccel: refused {what} in {path} (something other than this job's ranks "
+                "wrote it); the run leaves it out.",
                 file=sys.stderr,
                 flush=True,
             )
@@ -153,6 +160,18 @@ class JobFolder:
                 file=sys.stderr,
                 flush=True,
             )
+
+    def _frames(self, path: Path) -> tuple[list[bytes], str | None]:
+        """The whole batches ``path`` gained since the last read, and what broke its stream."""
+        parsed: tuple = ([], 0, None)
+
+        def whole(data: bytes) -> int:
+            nonlocal parsed
+            parsed = read_frames(data)
+            return parsed[1]
+
+        self._read(path, whole)
+        return parsed[0], parsed[2]
 
     def _read(self, path: Path, whole) -> bytes:
         """What ``path`` gained since the last read, up to where ``whole(data)`` ends."""

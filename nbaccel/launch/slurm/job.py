@@ -208,17 +208,9 @@ class _Watch:
                 stacks = where.stacks if where is not None else {}
                 raise LaunchError(f"{said}\n\nIts logs: {self.folder}", run=self.run, stacks=stacks)
             time.sleep(POLL_S)
-        self._settle()
+        # The loop ends only once the job left ACTIVE (COMPLETING included: its nodes are let
+        # go) or the step's srun exited, so nothing of it stays behind when the cell returns.
         self.files.relay(self.run, self.view)
-
-    def _settle(self) -> None:
-        """Wait until the ended job has let go of its nodes (COMPLETING), or the step's srun
-        has exited: nothing of it stays behind when the cell returns."""
-        if self.step is not None:
-            self.step.wait()
-            return
-        while _state(self.job.job_id)[0] in ACTIVE:
-            time.sleep(POLL_S)
 
     def where(self):
         """Where every rank is (``hang.Report``), asked through the job folder: each node asks
