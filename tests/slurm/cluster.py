@@ -126,13 +126,22 @@ class Cluster:
 
 
 _shared: list[tuple[Cluster, str | None]] = []  # the session's cluster, SLURM_CONF before it
+_failed: list[str] = []  # why the session's cluster did not start, once it failed
 
 
 def shared() -> Cluster:
     """The session's one cluster (the cluster tests and lesson 5 share it): started on first
-    use, with ``SLURM_CONF`` pointing at it in this process and the kernels started after."""
+    use, with ``SLURM_CONF`` pointing at it in this process and the kernels started after. A
+    start that failed is not tried again in the session (each lesson cell would wait for it):
+    the same RuntimeError is raised."""
+    if _failed:
+        raise RuntimeError(_failed[0])
     if not _shared:
-        cluster = start()
+        try:
+            cluster = start()
+        except Exception as e:
+            _failed.append(f"the test cluster did not start: {e}")
+            raise RuntimeError(_failed[0]) from e
         _shared.append((cluster, os.environ.get("SLURM_CONF")))
         os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
     return _shared[0][0]
