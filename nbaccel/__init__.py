@@ -28,6 +28,8 @@ _EXPORTS = {
     "SlurmCluster": "launch.slurm",
     "Run": "observe.records",
     "LiveView": "observe.live.view",
+    "LiveTracker": "observe.live_tracker",
+    "LiveCallback": "observe.live_callback",
     "measure_scaling": "lab.scaling",
     "Recorder": "observe.rank_recorder",
     "Tracker": "observe.rank_recorder",  # Recorder's old name
@@ -61,6 +63,8 @@ __all__ = [
     "GradientState",
     "InitProcessGroupKwargs",
     "LaunchError",
+    "LiveCallback",
+    "LiveTracker",
     "LiveView",
     "LoggerType",
     "NbaccelError",
@@ -97,6 +101,8 @@ if TYPE_CHECKING:
     from .launch.launcher import notebook_launcher
     from .launch.slurm import SlurmCluster
     from .observe.live.view import LiveView
+    from .observe.live_callback import LiveCallback
+    from .observe.live_tracker import LiveTracker
     from .observe.rank_recorder import Recorder, Tracker
     from .observe.records import Run
     from .observe.trackers.general import GeneralTracker, LoggerType

@@ -45,3 +45,16 @@ def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -
 def to_cpu(obj: Any) -> Any:
     """Detached CPU copies of every tensor inside: plain data that can leave the process."""
     return map_tensors(obj, lambda t: t.detach().cpu())
+
+
+def samples_in(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor (0 if it has none)."""
+    while True:
+        if isinstance(batch, torch.Tensor):
+            return batch.shape[0] if batch.dim() else 1
+        if isinstance(batch, Mapping) and batch:
+            batch = next(iter(batch.values()))
+        elif isinstance(batch, list | tuple) and batch:
+            batch = batch[0]
+        else:
+            return 0

@@ -18,6 +18,7 @@ class Result:
     value: str | None = None
     error: dict | None = None  # ename, evalue, traceback
     images: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)  # displayed text (the live progress line)
 
 
 class Kernel:
@@ -117,5 +118,7 @@ def _collect(msg: dict, result: Result) -> None:
     elif kind in ("execute_result", "display_data"):
         if "image/png" in content["data"]:
             result.images.append(content["data"]["image/png"])
+        elif kind == "display_data" and "text/plain" in content["data"]:
+            result.texts.append(content["data"]["text/plain"])
         if kind == "execute_result":
             result.value = content["data"].get("text/plain")

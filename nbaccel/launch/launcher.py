@@ -54,6 +54,7 @@ from ..env import device_label
 from ..errors import LaunchError, NbaccelError, RankFailure
 from ..observe.channel import local_run
 from ..observe.hang import check_stall_warning
+from ..observe.hooked import empty_hint
 from ..observe.live.view import LiveView
 from ..observe.records import Run
 from .arguments import check_call, check_notebook_launch, check_options
@@ -175,7 +176,7 @@ def notebook_launcher(
             num_processes=num_processes, mixed_precision=mixed_precision, cpu=cpu, fsdp=fsdp,
             deepspeed=deepspeed, zero_stage=zero_stage, defaults=load_config(),
         )  # fmt: skip
-        on = (num_nodes, cluster, return_all, timeout, live, run)
+        on = (num_nodes, cluster, return_all, timeout, _view(live, function), run)
         return _run_on_cluster(function, args, kwargs, config, *on)
     config = LaunchConfig.from_arguments(
         num_processes=num_processes, mixed_precision=mixed_precision, cpu=cpu, fsdp=fsdp,
@@ -195,7 +196,8 @@ def notebook_launcher(
             watch = {"start_method": start_method or "forkserver", "timeout": timeout}
             watch |= {"output": output, "monitor_interval": monitor_interval}
             watch |= {"stall_warning": stall_warning, "return_all": return_all}
-            values = _run_workers(pack_call(function, args, kwargs), config, watch, live, run)
+            view = _view(live, function)
+            values = _run_workers(pack_call(function, args, kwargs), config, watch, view, run)
     return values if return_all else values[0]
 
 
@@ -222,6 +224,16 @@ def _run_on_cluster(function, args, kwargs, config, nodes, cluster, return_all, 
         if view is not None:
             view.close(run)
     return values if return_all else values[0]
+
+
+def _view(live: bool | LiveView, function: Callable) -> LiveView | None:
+    """The launch's live view (none for ``live=False``); if the launch records nothing, it
+    names the integration for the library ``function`` trains with (``hooked.empty_hint``)."""
+    if not live:
+        return None
+    view = live if isinstance(live, LiveView) else LiveView()
+    view.empty_hint = empty_hint(function)
+    return view
 
 
 def _run_workers(payload: bytes, config: LaunchConfig, watch: dict, live, run: Run) -> list[Any]:

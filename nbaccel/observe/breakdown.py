@@ -169,6 +169,14 @@ class Breakdown:
         if self._depth:
             self._inside += seconds
 
+    def add_span(self, seconds: float, communication: float = 0.0) -> None:
+        """A compute span timed from outside (``live_tracker``, ``live_callback``: hooks on a
+        loop that is not nbaccel's), with ``communication`` the part of it blocked in
+        collectives."""
+        self.compute += seconds
+        self.communication += communication
+        self._inside += communication
+
     def counters(self) -> dict[str, float]:
         """The ``TIME_*`` counters now; nothing before the loop's first timed moment."""
         if self.start is None:

@@ -31,6 +31,7 @@ from .channel import (
     TIME_COMPUTE,
     TIME_DATA,
     TIME_LOOP,
+    UNMEASURED,
     Record,
 )
 
@@ -239,6 +240,13 @@ class Run:
             rank: _parts({part: values.get(rank, 0.0) for part, values in latest.items()}, loop)
             for rank, loop in self.latest(TIME_LOOP).items()
         }
+
+    def unmeasured(self) -> list[str]:
+        """The breakdown's parts some rank could not measure apart (``channel.UNMEASURED``: a
+        loop that is not nbaccel's, timed through its hooks), in the breakdown's order."""
+        self._sync()
+        said = {n[len(UNMEASURED) :] for n, _ in self._index if n.startswith(UNMEASURED)}
+        return [part for part in BREAKDOWN if part in said]
 
     def straggler(self) -> Straggler | None:
         """The rank the others consistently wait for, and why; None when no rank stands out.

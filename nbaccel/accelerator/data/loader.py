@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from ...errors import NbaccelError
-from ...tensors import send_to_device
+from ...tensors import samples_in, send_to_device
 from .dispatch import DispatchedDataLoader
 from .samplers import Replay, ShardedBatchSampler, fixed_batch_size
 from .streams import IterableDatasetShard
@@ -230,7 +230,7 @@ class PreparedDataLoader:
                 if asked is not None:
                     self.breakdown.waited_for_data(asked)  # type: ignore[union-attr]
                 if self.on_batch is not None:
-                    self.on_batch(_batch_len(current))
+                    self.on_batch(samples_in(current))
                 self._progress = (begun, self._progress[1] + 1)
                 yield batch
                 asked = self._asked()
@@ -301,19 +301,6 @@ def _samplers(batch_sampler: Any) -> Iterator[Any]:
         if getattr(batch_sampler, "sampler", None) is not None:
             yield batch_sampler.sampler
         batch_sampler = getattr(batch_sampler, "batch_sampler", None)
-
-
-def _batch_len(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor (0 if it has none)."""
-    while True:
-        if isinstance(batch, torch.Tensor):
-            return batch.shape[0] if batch.dim() else 1
-        if isinstance(batch, Mapping) and batch:
-            batch = next(iter(batch.values()))
-        elif isinstance(batch, list | tuple) and batch:
-            batch = batch[0]
-        else:
-            return 0
 
 
 _DONE = object()

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 COLOURS = {"data": "tab:orange", "compute": "tab:blue", "communication": "tab:red"}
 COLOURS["other"] = "darkgray"  # the loop's own Python: logging, evaluation, checkpoints
+#: Where a part not measured apart (``channel.UNMEASURED``) went instead.
+INSIDE = {"data": "other", "communication": "compute"}
 
 
 class BreakdownBars:
@@ -32,12 +34,23 @@ class BreakdownBars:
         self.ax = ax
         self.ranks: tuple[int, ...] = ()
         self.bars: dict[str, list[Any]] = {}  # part -> one Rectangle per rank, in rank order
+        self.unmeasured: tuple[str, ...] = ()
         ax.set_xlabel("where each rank's seconds go")
         self._key()
 
-    def update(self, breakdown: dict[int, dict[str, float]], straggler: Straggler | None) -> None:
+    def update(
+        self,
+        breakdown: dict[int, dict[str, float]],
+        straggler: Straggler | None,
+        unmeasured: list[str] = (),
+    ) -> None:
         """Set each rank's bar to its parts' seconds (``Run.breakdown()``); the straggler's
-        label (``Run.straggler()``) turns bold, in the colour of what slows it."""
+        label (``Run.straggler()``) turns bold, in the colour of what slows it. The parts not
+        measured apart (``Run.unmeasured()``) are said under the bars, with where they went."""
+        if tuple(unmeasured) != self.unmeasured:
+            self.unmeasured = tuple(unmeasured)
+            notes = [f"{part} not measured apart (in {INSIDE[part]})" for part in unmeasured]
+            self.ax.set_xlabel("\n".join(["where each rank's seconds go", *notes]))
         ranks = tuple(sorted(breakdown))
         if ranks != self.ranks:
             self._build(ranks)

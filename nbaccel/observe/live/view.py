@@ -155,6 +155,8 @@ class LiveView:
             _warm_up()  # while the workers start, not in the first panel
         self._seen = -1  # record count at the last panel, to skip redraws with nothing new
         self.closed = False
+        #: said at ``close`` when the run recorded nothing (``hooked.empty_hint``)
+        self.empty_hint: str | None = None
 
     def update(self, run: Run, final: bool = False) -> None:
         if not run.records:
@@ -194,6 +196,8 @@ class LiveView:
         if self.closed:
             return
         self.closed = True
+        if not run.records and self.empty_hint:
+            self.frontend.text(self.empty_hint)
         try:
             self.update(run, final=True)
             if self.save_png:

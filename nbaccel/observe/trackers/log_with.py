@@ -29,7 +29,7 @@ def resolve(log_with: Any, logging_dir: str | os.PathLike | None) -> list[str | 
     asked = list(log_with) if isinstance(log_with, list | tuple) else [log_with]
     chosen: list[str | GeneralTracker] = []
     for item in asked:
-        if isinstance(item, GeneralTracker):
+        if _is_tracker(item):
             chosen.append(item)
             continue
         name = item.value if isinstance(item, LoggerType) else item
@@ -81,10 +81,12 @@ class Trackers:
         self.finish()  # a second init_trackers starts new runs
         init_kwargs, self.is_main = init_kwargs or {}, is_main
         for item in self.chosen:
-            kind = item if isinstance(item, GeneralTracker) else BUILT_IN[item][0]
-            if kind.main_process_only and not is_main:
+            kind = item if _is_tracker(item) else BUILT_IN[item][0]
+            if getattr(kind, "main_process_only", True) and not is_main:
                 continue
-            if isinstance(item, GeneralTracker):  # made by the user, on every rank
+            if _is_tracker(item):  # made by the user, on every rank
+                if hasattr(item, "in_nbaccel"):  # LiveTracker: this Accelerator draws already
+                    item.in_nbaccel = True
                 self.started.append(item)
             else:
                 kwargs = dict(init_kwargs.get(item, {}))
@@ -110,12 +112,24 @@ class Trackers:
 
     def flush(self) -> None:
         for tracker in self.started:
-            tracker.flush()
+            if callable(flush := getattr(tracker, "flush", None)):  # Accelerate's have none
+                flush()
 
     def finish(self) -> None:
         started, self.started = self.started, []
         for tracker in started:
             tracker.finish()
+
+
+def _is_tracker(item: Any) -> bool:
+    """A tracker object: nbaccel's ``GeneralTracker``, or one written for Accelerate's API (its
+    own ``GeneralTracker``, nbaccel's ``LiveTracker``), which has the same methods."""
+    if isinstance(item, GeneralTracker):
+        return True
+    methods = ("log", "store_init_configuration", "finish")
+    return isinstance(getattr(item, "name", None), str) and all(
+        callable(getattr(item, m, None)) for m in methods
+    )
 
 
 def _install(packages: str = "") -> str:
