@@ -28,8 +28,8 @@ _EXPORTS = {
     "SlurmCluster": "launch.slurm",
     "Run": "observe.records",
     "LiveView": "observe.live.view",
-    "LiveTracker": "observe.live_tracker",
-    "LiveCallback": "observe.live_callback",
+    "LiveTracker": "observe.hf.tracker",
+    "LiveCallback": "observe.hf.callback",
     "measure_scaling": "lab.scaling",
     "Recorder": "observe.rank_recorder",
     "Tracker": "observe.rank_recorder",  # Recorder's old name
@@ -100,9 +100,9 @@ if TYPE_CHECKING:
     from .lab.scaling import measure_scaling
     from .launch.launcher import notebook_launcher
     from .launch.slurm import SlurmCluster
+    from .observe.hf.callback import LiveCallback
+    from .observe.hf.tracker import LiveTracker
     from .observe.live.view import LiveView
-    from .observe.live_callback import LiveCallback
-    from .observe.live_tracker import LiveTracker
     from .observe.rank_recorder import Recorder, Tracker
     from .observe.records import Run
     from .observe.trackers.general import GeneralTracker, LoggerType

@@ -54,7 +54,7 @@ from ..env import device_label
 from ..errors import LaunchError, NbaccelError, RankFailure
 from ..observe.channel import local_run
 from ..observe.hang import check_stall_warning
-from ..observe.hooked import empty_hint
+from ..observe.hf.common import empty_hint
 from ..observe.live.view import LiveView
 from ..observe.records import Run
 from .arguments import check_call, check_notebook_launch, check_options
@@ -228,7 +228,7 @@ def _run_on_cluster(function, args, kwargs, config, nodes, cluster, return_all, 
 
 def _view(live: bool | LiveView, function: Callable) -> LiveView | None:
     """The launch's live view (none for ``live=False``); if the launch records nothing, it
-    names the integration for the library ``function`` trains with (``hooked.empty_hint``)."""
+    names the integration for the library ``function`` trains with (``hf.common.empty_hint``)."""
     if not live:
         return None
     view = live if isinstance(live, LiveView) else LiveView()

@@ -170,7 +170,7 @@ class Breakdown:
             self._inside += seconds
 
     def add_span(self, seconds: float, communication: float = 0.0) -> None:
-        """A compute span timed from outside (``live_tracker``, ``live_callback``: hooks on a
+        """A compute span timed from outside (``hf/tracker.py``, ``hf/callback.py``: hooks on a
         loop that is not nbaccel's), with ``communication`` the part of it blocked in
         collectives."""
         self.compute += seconds

@@ -58,7 +58,7 @@ TIME_COMPUTE = "nbaccel/time/compute"  # forward + backward + optimizer step, mi
 TIME_COMMUNICATION = "nbaccel/time/communication"  # blocked in gradient sync and collectives
 TIME_LOOP = "nbaccel/time/loop"  # wall time since this rank's first batch
 #: A part of the breakdown that a rank could not measure apart (1.0; recorded once): a loop that
-#: is not nbaccel's, timed through hooks (``live_tracker``, ``live_callback``). That part's time
+#: is not nbaccel's, timed through hooks (``hf/``). That part's time
 #: is inside another's: ``UNMEASURED + "communication"`` is inside compute, ``+ "data"`` in other.
 UNMEASURED = "nbaccel/time/unmeasured/"
 #: The parts of ``Run.breakdown()``; "other" is the loop's time outside the first three.

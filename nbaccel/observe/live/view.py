@@ -155,7 +155,7 @@ class LiveView:
             _warm_up()  # while the workers start, not in the first panel
         self._seen = -1  # record count at the last panel, to skip redraws with nothing new
         self.closed = False
-        #: said at ``close`` when the run recorded nothing (``hooked.empty_hint``)
+        #: said at ``close`` when the run recorded nothing (``hf.common.empty_hint``)
         self.empty_hint: str | None = None
 
     def update(self, run: Run, final: bool = False) -> None:

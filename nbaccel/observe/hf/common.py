@@ -1,5 +1,5 @@
-"""What the integrations for loops that are not nbaccel's share (``live_tracker`` for Hugging
-Face Accelerate, ``live_callback`` for transformers' Trainer): one ``Recorder`` per process, the
+"""What the integrations for loops that are not nbaccel's share (``tracker`` for Hugging
+Face Accelerate, ``callback`` for transformers' Trainer): one ``Recorder`` per process, the
 numbers out of what those libraries log, and the notes of what their hooks cannot time apart.
 
 The recorder sends to the launching notebook through the same channel and records as nbaccel's
@@ -12,8 +12,8 @@ import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .channel import UNMEASURED
-from .rank_recorder import Recorder
+from ..channel import UNMEASURED
+from ..rank_recorder import Recorder
 
 _current: list[Recorder] = []  # this process's recorder for a loop that is not nbaccel's
 

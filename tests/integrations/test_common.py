@@ -1,4 +1,4 @@
-"""What the integrations share (``observe/hooked.py``): the numbers out of another library's
+"""What the integrations share (``observe/hf/common.py``): the numbers out of another library's
 log, the empty panel's hint, and the note of what a loop's hooks cannot time apart."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from nbaccel.observe.channel import (
     UNMEASURED,
     Record,
 )
-from nbaccel.observe.hooked import empty_hint, numbers
+from nbaccel.observe.hf.common import empty_hint, numbers
 from nbaccel.observe.live.panel import Panel
 from nbaccel.observe.live.view import LiveView
 

@@ -41,9 +41,9 @@ except ImportError as e:
         f'{sys.executable} -m pip install "nbaccel[transformers]" (or transformers itself)'
     ) from e
 
-from ..tensors import samples_in
-from . import hooked
-from .breakdown import for_device
+from ...tensors import samples_in
+from ..breakdown import for_device
+from . import common as hooked
 
 #: Trainer's end-of-training summary: its own clock's figures, not the run's records.
 SUMMARY = "train_runtime"

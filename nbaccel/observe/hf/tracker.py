@@ -52,10 +52,11 @@ except ImportError as e:  # pragma: no cover - accelerate is in the notebook and
         f"{sys.executable} -m pip install accelerate"
     ) from e
 
-from ..env import DistEnv
-from ..tensors import samples_in
-from . import hooked, stacks
-from .breakdown import Breakdown, for_device
+from ...env import DistEnv
+from ...tensors import samples_in
+from .. import stacks
+from ..breakdown import Breakdown, for_device
+from . import common as hooked
 
 
 class LiveTracker(GeneralTracker):
