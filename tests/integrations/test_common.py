@@ -53,8 +53,13 @@ def uses_nbaccel():
     return Accelerator
 
 
+def calls_a_helper_that_uses_trainer():
+    return uses_trainer()
+
+
 def test_the_hint_names_the_integration_for_the_library_the_function_uses():
     assert "callbacks=[nbaccel.LiveCallback()]" in empty_hint(uses_trainer)
+    assert "callbacks=[nbaccel.LiveCallback()]" in empty_hint(calls_a_helper_that_uses_trainer)
     assert "log_with=nbaccel.LiveTracker()" in empty_hint(uses_accelerate)
     assert empty_hint(uses_nbaccel) is None
     assert empty_hint(print) is None  # no code to read

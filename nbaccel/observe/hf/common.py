@@ -81,17 +81,22 @@ def empty_hint(function: Any) -> str | None:
     return f"live panel: this launch recorded nothing. To draw {ways}"
 
 
-def _libraries(function: Any) -> set[str]:
+def _libraries(function: Any, seen: set[int] | None = None) -> set[str]:
     """The top-level packages of what ``function``'s code names (its globals, its imports,
-    nested functions' too)."""
+    nested functions', and those of the notebook's functions it calls)."""
     code = getattr(function, "__code__", None)
-    if code is None:
+    seen = set() if seen is None else seen
+    if code is None or id(code) in seen:
         return set()
+    seen.add(id(code))
     names = {name for c in _codes(code) for name in c.co_names}
     found = set()
     scope = getattr(function, "__globals__", {})
     for name in names:
         value = scope.get(name)
+        if isinstance(value, types.FunctionType) and value.__module__ == function.__module__:
+            found |= _libraries(value, seen)  # a helper of the same notebook or module
+            continue
         module = value.__name__ if isinstance(value, types.ModuleType) else None
         module = module or getattr(value, "__module__", None) or name
         found.add(str(module).split(".")[0])
