@@ -76,6 +76,10 @@ class LiveTracker(GeneralTracker):
         super().__init__()
         self.run_name = run_name
         self.in_nbaccel = False  # set by nbaccel's Accelerator, which records its log itself
+        self._rank: int | None = None  # read at the first call, in the process that logs
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_rank": None}  # a copy sent to a worker reads its own rank
 
     @property
     def tracker(self):
@@ -86,7 +90,9 @@ class LiveTracker(GeneralTracker):
         # Accelerate calls trackers on its main process only; read the rank from the launch's
         # environment rather than through Accelerate's PartialState, which nbaccel's own
         # Accelerator has not set up.
-        return not self.in_nbaccel and DistEnv.from_environ().rank == 0
+        if self._rank is None:
+            self._rank = DistEnv.from_environ().rank
+        return self._rank == 0 and not self.in_nbaccel
 
     def store_init_configuration(self, values: dict) -> None:
         """The configuration is not drawn (a tracker such as TensorBoard keeps it)."""
