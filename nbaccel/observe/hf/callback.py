@@ -33,6 +33,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import torch
+
 try:
     from transformers import TrainerCallback
 except ImportError as e:
@@ -75,8 +77,6 @@ class LiveCallback(TrainerCallback):
             self._hook = model.register_forward_pre_hook(self._count, with_kwargs=True)
 
     def _count(self, module: Any, args: Any, kwargs: Any) -> None:
-        import torch
-
         if module.training and torch.is_grad_enabled():
             self.recorder.count(samples=samples_in(kwargs or args))
 

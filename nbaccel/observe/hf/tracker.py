@@ -44,6 +44,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import torch
+
 try:
     from accelerate.tracking import GeneralTracker
 except ImportError as e:  # pragma: no cover - accelerate is in the notebook and test extras
@@ -146,8 +148,6 @@ class _Spans:
         self.done: float | None = None  # the last all-reduce done (set on gloo's thread)
 
     def forward(self, module: Any, args: Any) -> None:
-        import torch
-
         opening = self.breakdown is not None and self.opened is None and module.training
         if opening and torch.is_grad_enabled():
             self.opened = self.breakdown.now()
