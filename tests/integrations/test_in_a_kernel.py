@@ -78,23 +78,29 @@ def _no_workers_left(kernel):
     no_workers_left(kernel)
 
 
-def test_trainer_with_the_callback_draws_both_ranks(kernel):
+def with_and_without(kernel, function: str, live: str, plain: str, answer: str):
+    """Launch ``function(*live)`` with ``run=run`` (the panel must be drawn), then
+    ``function(*plain)`` without the integration; the cell's answer is ``answer``'s value."""
+    launch = "num_processes=2, cpu=True, return_all=True"
     out = kernel.run(
-        "run = Run()\n"
-        "live = notebook_launcher(with_trainer, args=(True, 'a'), num_processes=2, cpu=True,\n"
-        "                         run=run, return_all=True)",
+        f"run = Run()\nlive = notebook_launcher({function}, args={live}, {launch}, run=run)",
         timeout=300,
     )
     assert out.error is None, out.error
     assert out.images, "no panel was drawn"
     check = kernel.run(
-        "plain = notebook_launcher(with_trainer, args=(False, 'b'), num_processes=2, cpu=True,\n"
-        "                          return_all=True)\n"
-        "(sorted(run.series('loss')), sorted(run.latest('nbaccel/samples')),\n"
-        " same(live, plain), run.to_csv('trainer.csv').exists())",
-        timeout=300,
+        f"plain = notebook_launcher({function}, args={plain}, {launch})\n{answer}", timeout=300
     )
     assert check.error is None, check.error
+    return check
+
+
+def test_trainer_with_the_callback_draws_both_ranks(kernel):
+    check = with_and_without(
+        kernel, "with_trainer", "(True, 'a')", "(False, 'b')",
+        "(sorted(run.series('loss')), sorted(run.latest('nbaccel/samples')),"
+        " same(live, plain), run.to_csv('trainer.csv').exists())",
+    )  # fmt: skip
     assert check.value == "([0, 1], [0, 1], True, True)"
     # the launch without the callback recorded nothing: the panel's empty state names it
     assert any("callbacks=[nbaccel.LiveCallback()]" in text for text in check.texts), check.texts
@@ -103,20 +109,9 @@ def test_trainer_with_the_callback_draws_both_ranks(kernel):
 def test_accelerates_accelerator_with_the_tracker_draws_rank_0s_loss_and_both_ranks_samples(
     kernel,
 ):
-    out = kernel.run(
-        "run = Run()\n"
-        "live = notebook_launcher(with_accelerate, args=(True,), num_processes=2, cpu=True,\n"
-        "                         run=run, return_all=True)",
-        timeout=300,
-    )
-    assert out.error is None, out.error
-    assert out.images, "no panel was drawn"
-    check = kernel.run(
-        "plain = notebook_launcher(with_accelerate, args=(False,), num_processes=2, cpu=True,\n"
-        "                          return_all=True)\n"
-        "(sorted(run.series('loss')), sorted(run.latest('nbaccel/samples')),\n"
+    check = with_and_without(
+        kernel, "with_accelerate", "(True,)", "(False,)",
+        "(sorted(run.series('loss')), sorted(run.latest('nbaccel/samples')),"
         " sorted(run.breakdown()), same(live, plain), run.to_json('accelerate.json').exists())",
-        timeout=300,
-    )
-    assert check.error is None, check.error
+    )  # fmt: skip
     assert check.value == "([0], [0, 1], [0, 1], True, True)"
