@@ -79,6 +79,8 @@ class Defaults:
     slurm_partition: str | None = None
     slurm_account: str | None = None
     slurm_time: int | str | None = None  # minutes, or SLURM's "1:30:00"; None: 60 minutes
+    # In a Jupyter kernel, start the worker server when the launcher is imported (launch/client.py)
+    prestart: bool = True
 
     def __post_init__(self) -> None:
         check_mode(self.mixed_precision)
@@ -96,7 +98,7 @@ class Defaults:
         n = self.num_processes
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"num_processes={n!r} must be a positive int or null")
-        for name in ("cpu", "fsdp"):
+        for name in ("cpu", "fsdp", "prestart"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
         check_sharding(self.fsdp, self.zero_stage)

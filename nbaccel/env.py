@@ -37,6 +37,7 @@ PANEL_VAR = "NBACCEL_SAVE_PANEL"  # a path: without a notebook, save the final p
 CONFIG_VAR = "NBACCEL_CONFIG"  # where the ``nbaccel config`` file is, if not the usual place
 BREAKDOWN_VAR = "NBACCEL_BREAKDOWN"  # "0": time nothing (``breakdown.py``); on by default
 STACKS_VAR = "NBACCEL_STACKS_DIR"  # a folder: each rank answers stack requests there (stacks.py)
+PRESTART_VAR = "NBACCEL_PRESTART"  # "0": a kernel starts no worker server ahead (launch/client.py)
 LAUNCH_VAR = "NBACCEL_LAUNCH"  # one id per launch, inherited by all it starts (leftovers.py)
 
 # (rank, local rank, world size, local world size): torchrun's names first, then SLURM's.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,8 +23,10 @@ class Result:
 
 
 class Kernel:
-    def __init__(self, cwd: str) -> None:
-        self.manager, self.client = start_new_kernel(kernel_name="python3", cwd=cwd)
+    def __init__(self, cwd: str, env: dict[str, str] | None = None) -> None:
+        """A kernel in ``cwd``; ``env`` adds to (or overrides) this process's environment."""
+        environ = {**os.environ, **(env or {})}
+        self.manager, self.client = start_new_kernel(kernel_name="python3", cwd=cwd, env=environ)
         self.pid = self.manager.provisioner.process.pid
 
     def run(self, code: str, timeout: float = 120) -> Result:
@@ -81,9 +84,9 @@ class Kernel:
 
 
 @contextlib.contextmanager
-def kernel_with(cwd: str, *cells: str) -> Iterator[Kernel]:
+def kernel_with(cwd: str, *cells: str, env: dict[str, str] | None = None) -> Iterator[Kernel]:
     """A kernel that ran ``cells``; shut down after, and its fork server checked gone."""
-    kernel = Kernel(cwd=cwd)
+    kernel = Kernel(cwd=cwd, env=env)
     for cell in cells:
         kernel.run(cell)
     yield kernel

@@ -48,6 +48,12 @@ def config_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         type=stage,
         help='train through DeepSpeed at this ZeRO stage (0-3); "none": no DeepSpeed',
     )
+    parser.add_argument(
+        "--prestart",
+        action=argparse.BooleanOptionalAction,
+        help="in a Jupyter kernel, start the worker server when the launcher is imported (the "
+        "default), so that the first launch does not wait for it",
+    )
     cluster = parser.add_argument_group("a SLURM cluster's defaults, for SlurmCluster()")
     cluster.add_argument("--slurm-partition", help='its partition; "none": the cluster\'s own')
     cluster.add_argument("--slurm-account", help='the account to charge; "none": no account')
@@ -68,6 +74,7 @@ def config_command(args: argparse.Namespace) -> int:
         "slurm_partition": args.slurm_partition,
         "slurm_account": args.slurm_account,
         "slurm_time": args.slurm_time,
+        "prestart": args.prestart,
     }
     given = {k: (None if v in ("auto", "none") else v) for k, v in flags.items() if v is not None}
     if args.action == "show":
@@ -123,12 +130,13 @@ def ask_all(config: Defaults) -> Defaults:
     if not fsdp:
         now = "none" if config.zero_stage is None else str(config.zero_stage)
         zero_stage = ask("Train through DeepSpeed at ZeRO stage (none, 0, 1, 2, 3)", now, stage)
-    return Defaults(
-        None if n == "auto" else n,  # type: ignore[arg-type]
-        mixed,
-        cpu,
-        fsdp,
-        None if zero_stage == "none" else zero_stage,  # type: ignore[arg-type]
+    return replace(  # the questions' answers; what is not asked (a cluster's, prestart) is kept
+        config,
+        num_processes=None if n == "auto" else n,  # type: ignore[arg-type]
+        mixed_precision=mixed,
+        cpu=cpu,
+        fsdp=fsdp,
+        zero_stage=None if zero_stage == "none" else zero_stage,  # type: ignore[arg-type]
     )
 
 

@@ -3,16 +3,25 @@
 One server per kernel serves every launch (``shared_server``); ``spawn`` launches start their
 own and close it after. The handle sends ``Start`` and ``Signal`` and hears ``Started`` and
 ``Exited`` (``protocol.py``); the server is the workers' parent, so only it signals and reaps them.
+
+In a Jupyter kernel the shared server is started ahead, when the launcher is imported
+(``prestart``): the user then spends seconds or minutes writing the model and the loop while it
+imports torch, and the first launch waits only for what is left of that. Starting it does not
+wait for it (``Popen`` returns once the interpreter is exec'd; the first ``start`` is what waits
+for the server's imports, through its socket). Nowhere else does anything start at import.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import signal
 import socket
 import subprocess
 import sys
 
+from ..config import load_config
+from ..env import PRESTART_VAR, in_notebook
 from .protocol import Message, Signal, Start, Started, WorkerSpec, recv, send
 
 
@@ -61,12 +70,45 @@ _servers: dict[int, ForkServer] = {}  # process-wide by design: one helper per k
 
 def shared_server() -> ForkServer:
     server = _servers.get(os.getpid())
-    if server is not None and server.process.poll() is not None:
-        server.sock.close()  # it died between launches: replace it
+    if server is not None and (code := server.process.poll()) is not None:
+        server.sock.close()  # it died between launches: replace it, and say so
+        print(
+            f"nbaccel: the worker server (pid {server.process.pid}) {_ended(code)} since the "
+            "last launch; starting a fresh one (a few seconds: it imports torch).",
+            file=sys.stderr,
+            flush=True,
+        )
         server = None
     if server is None:
         server = _servers[os.getpid()] = ForkServer()
     return server
+
+
+def prestart() -> ForkServer | None:
+    """Start this kernel's shared server now, if this process is a Jupyter kernel that has
+    none and the user did not opt out (``NBACCEL_PRESTART=0``, or ``nbaccel config
+    --no-prestart``). Scripts, workers, the server itself and torchrun's processes are not
+    kernels: nothing starts there. Returns the server started, if one was."""
+    if not in_notebook() or os.getpid() in _servers:
+        return None
+    if os.environ.get(PRESTART_VAR, "1").strip() == "0":
+        return None
+    try:
+        if not load_config().prestart:
+            return None
+    except ValueError:
+        return None  # a broken config file is said by the launch that reads it, not here
+    server = _servers[os.getpid()] = ForkServer()
+    return server
+
+
+def _ended(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 @atexit.register

@@ -15,11 +15,18 @@ fork server (default)  0.07-0.12 s  yes: workers fork from a fresh interpreter t
 =====================  ===========  =========================================================
 
 So ``start_method="forkserver"`` (the default) keeps one server per kernel and forks workers
-from it; ``"spawn"`` starts a fresh server for this launch alone and shuts it down after, for
-scripts that want nothing left running. Either way the function travels by value (cloudpickle),
-so functions and classes defined in notebook cells work, and CUDA state in the kernel does not
-matter: no worker is a fork of the kernel. The price: the server's own memory, a fixed ~60 MiB
-(PSS) per kernel; the workers' memory equals bare fork's.
+from it. In a Jupyter kernel that server is started when this module is first imported
+(``from nbaccel import notebook_launcher``): the one thing nbaccel starts at import time, on
+purpose (``client.prestart``). It costs one core for the seconds its interpreter takes to import
+torch (while you write the next cells), then nothing but its memory (the ~60 MiB below); it
+waits in ``select`` until a launch, and ends with the kernel (its socket closes). Outside a
+kernel nothing starts. ``NBACCEL_PRESTART=0`` or ``nbaccel config --no-prestart`` turns it off:
+the first launch then starts the server, as before. A server that died between launches is
+said, and replaced by the next launch. ``"spawn"`` starts a fresh server for this launch alone
+and shuts it down after, for scripts that want nothing left running. Either way the function
+travels by value (cloudpickle), so functions and classes defined in notebook cells work, and
+CUDA state in the kernel does not matter: no worker is a fork of the kernel. The price: the
+server's own memory, a fixed ~60 MiB (PSS) per kernel; the workers' memory equals bare fork's.
 
 Options: the arguments, the ``nbaccel config`` file and the machine resolve into one
 ``LaunchConfig`` (``config.py``), the same one ``nbaccel launch`` builds; the workers read
@@ -58,6 +65,7 @@ from ..observe.hf.common import empty_hint
 from ..observe.live.view import LiveView
 from ..observe.records import Run
 from .arguments import check_call, check_notebook_launch, check_options
+from .client import prestart
 from .protocol import ExceptionData, pack_call
 from .rendezvous import loopback_interface, rendezvous
 from .slurm import SlurmCluster
@@ -382,3 +390,6 @@ def _call_here(function, args, kwargs, env: dict[str, str], run: Run) -> Any:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+prestart()  # in a Jupyter kernel only: the module docstring says what, when and at what cost

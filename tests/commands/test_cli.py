@@ -353,6 +353,7 @@ def test_config_default_then_show(config):
         "slurm_partition": None,
         "slurm_account": None,
         "slurm_time": None,
+        "prestart": True,
     }
     assert nbaccel(config, "config", "--num-processes", "2", "--cpu").returncode == 0
     shown = nbaccel(config, "config", "show")
@@ -368,6 +369,7 @@ def test_config_default_then_show(config):
         "slurm_partition": None,
         "slurm_account": None,
         "slurm_time": None,
+        "prestart": True,
     }
 
 
@@ -386,9 +388,18 @@ def test_config_asks_again_until_the_answer_is_valid(config):
         "slurm_partition": None,
         "slurm_account": None,
         "slurm_time": None,
+        "prestart": True,
     }
     again = nbaccel(config, "config", stdin="\n\nno\n\n")  # Enter keeps the current value
     assert json.loads(config.read_text())["num_processes"] == 3, again.stdout
+
+
+def test_config_turns_the_prestarted_server_off_and_the_questions_keep_it_off(config):
+    assert nbaccel(config, "config", "--no-prestart").returncode == 0
+    assert json.loads(config.read_text())["prestart"] is False
+    done = nbaccel(config, "config", stdin="\n\n\n\n\n")  # every question: keep the value
+    assert done.returncode == 0, done.stderr
+    assert json.loads(config.read_text())["prestart"] is False
 
 
 def test_config_sets_one_way_to_shard(config):

@@ -1,0 +1,88 @@
+"""The worker server started ahead in a Jupyter kernel (``client.prestart``): at the launcher's
+import, only in a kernel, never when opted out; a dead one is said and replaced; none is left
+after the kernel. Every verdict reads process state (the kernel's children), never a clock."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from ..kernel import kernel_with, no_workers_left
+
+pytestmark = pytest.mark.multiprocess
+
+IMPORT = "from nbaccel import notebook_launcher\nimport os"
+TWO = "notebook_launcher(lambda: os.getpid(), num_processes=2, cpu=True, live=False) > 0"
+
+
+def test_importing_the_launcher_in_a_kernel_starts_the_server_the_first_launch_uses(tmp_path):
+    with kernel_with(str(tmp_path), IMPORT) as kernel:
+        servers = kernel.servers()  # the import cell has returned: the server is there already
+        assert len(servers) == 1, servers
+        out = kernel.run(TWO)
+        assert out.error is None, out.error
+        assert out.value == "True"
+        assert kernel.servers() == servers  # the launch used it: no second server
+        no_workers_left(kernel)
+
+
+@pytest.mark.parametrize("how", ["variable", "config file"])
+def test_opting_out_starts_nothing_until_the_first_launch(tmp_path, how):
+    env = {"NBACCEL_PRESTART": "0"}
+    if how == "config file":
+        config = tmp_path / "config.json"
+        config.write_text(json.dumps({"prestart": False}))
+        env = {"NBACCEL_CONFIG": str(config)}
+    with kernel_with(str(tmp_path), IMPORT, env=env) as kernel:
+        assert kernel.servers() == []
+        assert kernel.run(TWO).value == "True"  # the launch starts it, as before
+        assert len(kernel.servers()) == 1
+
+
+def test_a_killed_server_is_said_and_the_next_launch_works(tmp_path):
+    with kernel_with(str(tmp_path), IMPORT) as kernel:
+        (server,) = kernel.servers()
+        server.kill()  # the kernel's own child, by its pid
+        gone(server)
+        out = kernel.run(TWO)
+        assert out.error is None, out.error
+        assert out.value == "True"
+        assert f"the worker server (pid {server.pid}) was killed by SIGKILL" in out.stderr
+        assert "starting a fresh one" in out.stderr
+        assert len(kernel.servers()) == 1 and kernel.servers()[0].pid != server.pid
+
+
+def test_the_kernel_takes_its_prestarted_server_along_when_it_shuts_down(tmp_path):
+    with kernel_with(str(tmp_path), IMPORT) as kernel:
+        (server,) = kernel.servers()
+    gone(server)  # kernel_with checked it too
+
+
+def gone(process: psutil.Process, timeout: float = 30) -> None:
+    """Wait until ``process`` has exited (a zombie its parent has not reaped yet counts): the
+    timeout only catches a hang."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{process} is still running")
+
+
+def test_outside_a_kernel_the_import_starts_nothing():
+    code = (
+        "import psutil\n"
+        "from nbaccel import notebook_launcher\n"
+        "import nbaccel.launch.launcher\n"
+        "print(len(psutil.Process().children(recursive=True)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "0", out
