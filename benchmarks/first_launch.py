@@ -1,0 +1,188 @@
+"""The first launch a learner meets: in a real Jupyter kernel, the import cell, a pause (the user
+writing the next cells), then a trivial 2-worker launch, timed inside the kernel from the call to
+the return. Then the same launch again (warm).
+
+Cases, each in a fresh kernel, round-robin (the first case rotates each round):
+
+- nbaccel, pause 10 s: the fork server started at the import (``client.prestart``) and had the
+  pause to import torch;
+- nbaccel, no pause: the launch right after the import cell, while the server still imports;
+- nbaccel, pause 10 s, prestart off (``NBACCEL_PRESTART=0``): the first launch starts the
+  server, as every first launch did before the prestart;
+- Accelerate's and Fabric's notebook launch after the same pause, where installed: both fork the
+  kernel itself (``accelerate.notebook_launcher``; ``Fabric(strategy="ddp_fork").launch``).
+
+The job is ``benchmarks/launch.py``'s: join a gloo group, all-reduce one tensor, leave (nbaccel's
+workers through ``Accelerator()``). Medians with min and max over the rounds.
+
+    python benchmarks/first_launch.py [--rounds 4] [--pause 10] \
+        [--out benchmarks/results/first-launch-cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.launch import machine  # noqa: E402  (the machine's description, shared)
+from tests.kernel import Kernel  # noqa: E402  (a real kernel, driven by jupyter_client)
+
+NBACCEL = """
+import time, torch
+from nbaccel import Accelerator, notebook_launcher
+
+def job():
+    accelerator = Accelerator()
+    accelerator.reduce(torch.ones(1))
+    accelerator.end_training()
+
+def launch():
+    began = time.perf_counter()
+    notebook_launcher(job, num_processes=2, cpu=True, live=False)
+    return time.perf_counter() - began
+"""
+
+ACCELERATE = """
+import os, socket, time, torch, torch.distributed as dist
+import accelerate
+
+def job():
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(1))
+    dist.destroy_process_group()
+
+def launch():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    began = time.perf_counter()
+    accelerate.notebook_launcher(job, num_processes=2, use_port=port)
+    return time.perf_counter() - began
+"""
+
+FABRIC = """
+import os, socket, time, torch, torch.distributed as dist
+from lightning.fabric import Fabric
+
+def job(fabric):
+    dist.all_reduce(torch.ones(1))
+
+def launch():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+    began = time.perf_counter()
+    Fabric(accelerator="cpu", devices=2, strategy="ddp_fork").launch(job)
+    return time.perf_counter() - began
+"""
+
+
+def cases(pause: float) -> dict[str, tuple[str, dict[str, str], float]]:
+    """name: (the import cell, the kernel's extra environment, the pause in seconds)"""
+    found = {
+        f"nbaccel, pause {pause:g} s": (NBACCEL, {}, pause),
+        "nbaccel, no pause": (NBACCEL, {}, 0.0),
+        f"nbaccel, pause {pause:g} s, prestart off": (NBACCEL, {"NBACCEL_PRESTART": "0"}, pause),
+    }
+    if importlib.util.find_spec("accelerate"):
+        found[f"accelerate, pause {pause:g} s"] = (ACCELERATE, {}, pause)
+    if importlib.util.find_spec("lightning"):
+        found[f"fabric, pause {pause:g} s"] = (FABRIC, {}, pause)
+    return found
+
+
+def one(cell: str, env: dict[str, str], pause: float) -> dict[str, float]:
+    """A fresh kernel: the import cell, the pause, the first launch, then a warm one."""
+    with tempfile.TemporaryDirectory() as cwd:
+        kernel = Kernel(cwd, env={"OMP_NUM_THREADS": "1", **env})
+        try:
+            out = kernel.run(cell, timeout=300)
+            assert out.error is None, out.error
+            if pause:
+                kernel.run(f"time.sleep({pause})", timeout=pause + 60)
+            times = {}
+            for name in ("first", "warm"):
+                out = kernel.run("launch()", timeout=300)
+                assert out.error is None and out.value is not None, out.error
+                times[name] = float(out.value)
+            return times
+        finally:
+            kernel.shutdown()
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def report(results: dict) -> str:
+    m = results["machine"]
+    lines = [
+        "# The first launch in a fresh kernel, on CPU",
+        "",
+        f"CPU: {m['cpu']}, {m['cores']} cores; Python {m['python']}; "
+        + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+        + f"; {m['date']}; 1-min load {m['loadavg_1min'][0]:.1f} before, "
+        f"{m['loadavg_1min'][1]:.1f} after; {results['rounds']} rounds, each case in a fresh "
+        "kernel, round-robin.",
+        "",
+        "A trivial 2-worker launch timed inside the kernel, from the call to the return: the "
+        "first after the import cell and the pause, then the next (warm). Median (min-max).",
+        "",
+        "| case | first launch, s | warm launch, s |",
+        "|---|---:|---:|",
+    ]
+    for name, r in results["cases"].items():
+        first, warm = r["first"], r["warm"]
+        lines.append(
+            f"| {name} | {first['median']:.3f} ({first['min']:.3f}-{first['max']:.3f}) "
+            f"| {warm['median']:.3f} ({warm['min']:.3f}-{warm['max']:.3f}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--pause", type=float, default=10.0)
+    default = Path("benchmarks/results/first-launch-cpu.json")
+    parser.add_argument("--out", type=Path, default=default)
+    args = parser.parse_args()
+    start_load = os.getloadavg()[0]
+    chosen = cases(args.pause)
+    names = list(chosen)
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for r in range(args.rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            runs[name].append(one(*chosen[name]))
+            print(f"round {r + 1}: {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
+    results = {
+        "machine": machine(args.rounds, start_load),
+        "rounds": args.rounds,
+        "pause_s": args.pause,
+        "cases": {
+            name: {
+                "first": summary([t["first"] for t in ts]),
+                "warm": summary([t["warm"] for t in ts]),
+                "all": ts,
+            }
+            for name, ts in runs.items()
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(report(results))
+    print(report(results))
+
+
+if __name__ == "__main__":
+    main()
