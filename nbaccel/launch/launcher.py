@@ -14,6 +14,9 @@ fork server (default)  0.07-0.12 s  yes: workers fork from a fresh interpreter t
                        (first 3.5)    torch and never ran a torch op (``forkserver.py``)
 =====================  ===========  =========================================================
 
+(The "first 3.5" is a first launch that starts the server. Started at the import in a kernel,
+as below, the first launch after a 10 s pause took 0.095 s: ``benchmarks/first_launch.py``.)
+
 So ``start_method="forkserver"`` (the default) keeps one server per kernel and forks workers
 from it. In a Jupyter kernel that server is started when this module is first imported
 (``from nbaccel import notebook_launcher``): the one thing nbaccel starts at import time, on
