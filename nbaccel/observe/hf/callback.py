@@ -45,7 +45,7 @@ except ImportError as e:
 
 from ...tensors import samples_in
 from ..breakdown import for_device
-from . import common as hooked
+from . import common
 
 #: Trainer's end-of-training summary: its own clock's figures, not the run's records.
 SUMMARY = "train_runtime"
@@ -64,7 +64,7 @@ class LiveCallback(TrainerCallback):
         self._hook: Any = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.recorder = hooked.recorder(device=args.device)
+        self.recorder = common.recorder(device=args.device)
         self.recorder.total_steps = state.max_steps
         if args.gradient_accumulation_steps > 1:
             self.recorder.accumulation = args.gradient_accumulation_steps
@@ -72,7 +72,7 @@ class LiveCallback(TrainerCallback):
         self.breakdown = for_device(device) if getattr(device, "type", "cpu") == "cpu" else None
         self.recorder.breakdown = self.breakdown
         if self.breakdown is not None and args.world_size > 1:
-            hooked.unmeasured(self.recorder, "communication")
+            common.unmeasured(self.recorder, "communication")
         if model is not None:
             self._hook = model.register_forward_pre_hook(self._count, with_kwargs=True)
 
@@ -105,7 +105,7 @@ class LiveCallback(TrainerCallback):
         if logs and SUMMARY not in logs and self.recorder is not None:
             # Steps count from 0 in the records, as nbaccel's own do (the progress line counts
             # the last step + 1): Trainer's global step N (N optimizer steps taken) is step N - 1.
-            self.recorder.log(hooked.numbers(logs), step=state.global_step - 1)
+            self.recorder.log(common.numbers(logs), step=state.global_step - 1)
         self._mark()
 
     def on_save(self, args, state, control, **kwargs):
@@ -122,5 +122,5 @@ class LiveCallback(TrainerCallback):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        hooked.close()
+        common.close()
         self.recorder = self.breakdown = None

@@ -58,7 +58,7 @@ from ...env import DistEnv
 from ...tensors import samples_in
 from .. import stacks
 from ..breakdown import Breakdown, for_device
-from . import common as hooked
+from . import common
 
 
 class LiveTracker(GeneralTracker):
@@ -86,7 +86,7 @@ class LiveTracker(GeneralTracker):
     @property
     def tracker(self):
         """This process's ``Recorder`` (its ``run`` holds the records when no launcher does)."""
-        return hooked.current()
+        return common.current()
 
     def _here(self) -> bool:
         # Accelerate calls trackers on its main process only; read the rank from the launch's
@@ -101,11 +101,11 @@ class LiveTracker(GeneralTracker):
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         if self._here():
-            hooked.recorder().log(hooked.numbers(values), step)
+            common.recorder().log(common.numbers(values), step)
 
     def finish(self) -> None:
         if self._here():
-            hooked.close()
+            common.close()
 
     @staticmethod
     def watch(accelerator: Any, model: Any, optimizer: Any, dataloader: Any) -> Any:
@@ -118,7 +118,7 @@ def _watch(accelerator: Any, model: Any, optimizer: Any, dataloader: Any) -> Any
     if getattr(accelerator, "recorder", None) is not None:
         return dataloader  # nbaccel's own Accelerator counts and times its loop already
     device = accelerator.device
-    recorder = hooked.recorder(device=device)
+    recorder = common.recorder(device=device)
     if accelerator.gradient_accumulation_steps > 1:
         recorder.accumulation = accelerator.gradient_accumulation_steps
     breakdown = for_device(device) if device.type == "cpu" else None
@@ -134,7 +134,7 @@ def _watch(accelerator: Any, model: Any, optimizer: Any, dataloader: Any) -> Any
     inner.register_step_post_hook(stepped)
     distributed = accelerator.num_processes > 1
     if breakdown is not None and distributed and not _hook_ddp(model, spans):
-        hooked.unmeasured(recorder, "communication")
+        common.unmeasured(recorder, "communication")
     return _Watched(dataloader, recorder, spans)
 
 
