@@ -16,6 +16,11 @@ def map_tensors(data: Any, fn: Callable[[torch.Tensor], Any], lists: bool = Fals
     structure; with ``lists``, also to lists that hold no tensor (Python objects per sample)."""
     if isinstance(data, torch.Tensor):
         return fn(data)
+    kind = type(data)
+    if kind is tuple or kind is list:  # the common batch, checked before the ABCs (slower)
+        if not lists or kind is tuple or has_tensor(data):
+            return kind([map_tensors(v, fn, lists) for v in data])
+        return fn(data)
     if isinstance(data, Mapping):
         return type(data)({k: map_tensors(v, fn, lists) for k, v in data.items()})
     if lists and isinstance(data, list) and not has_tensor(data):
@@ -39,6 +44,10 @@ def has_tensor(data: Any) -> bool:
 
 def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Move every tensor inside tuples, lists, dicts and named tuples to ``device``."""
+    kind = type(obj)
+    if (kind is tuple or kind is list) and all(type(t) is torch.Tensor for t in obj):
+        # a DataLoader's usual batch, (inputs, labels): no walk
+        return type(obj)([t.to(device, non_blocking=non_blocking) for t in obj])
     return map_tensors(obj, lambda t: t.to(device, non_blocking=non_blocking))
 
 

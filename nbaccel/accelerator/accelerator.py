@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,7 +38,12 @@ from ..observe import breakdown
 from ..observe.rank_recorder import Recorder
 from ..observe.trackers.log_with import Trackers
 from . import collectives, saving, tracking, views
-from .accumulation import AccumulationWindow, GradientAccumulationPlugin, accumulation_plugin
+from .accumulation import (
+    AccumulationWindow,
+    GradientAccumulationPlugin,
+    MicroBatch,
+    accumulation_plugin,
+)
 from .data.loader import LoopState, PreparedDataLoader
 from .data.sharding import DataLoaderConfiguration, prepare_dataloader
 from .handlers import AutocastKwargs, Handlers
@@ -269,8 +273,7 @@ class Accelerator(PartialState):
         with breakdown.computing(self._breakdown):  # DDP's waiting for gradients taken out
             self.strategy.backward(loss, self.sync_gradients, **kwargs)
 
-    @contextlib.contextmanager
-    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+    def accumulate(self, *models: torch.nn.Module) -> MicroBatch:
         """One micro-batch of a gradient-accumulation window.
 
         ``sync_gradients`` becomes True on every ``gradient_accumulation_steps``-th call and on
@@ -278,11 +281,8 @@ class Accelerator(PartialState):
         (``no_sync``) and the prepared optimizer's ``step()`` does nothing. The
         ``GradientAccumulationPlugin`` changes when windows end and sync.
         """
-        self._window.advance(self._loop.end_of_dataloader)
-        with contextlib.ExitStack() as stack:
-            for model in models if self._window.skips_sync else ():
-                stack.enter_context(self.no_sync(model))
-            yield
+        held = models if self.strategy.holds_sync else ()  # no_sync: nothing to hold back
+        return MicroBatch(self._window, self._loop, self.no_sync, held)
 
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None):
         """Train or evaluate on batches that do not divide evenly among the ranks (torch's

@@ -12,6 +12,7 @@ prepared optimizers and schedulers consult it (``nbaccel.accelerator.optim``):
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -85,8 +86,8 @@ class AccumulationWindow:
     Args:
         steps: micro-batches per window (a back end may have settled it: DeepSpeed's config).
         plugin: when windows end early (the data's end) and whether every micro-batch syncs.
-        on_step: called with ``optimizer_steps=0 or 1`` at each window's end (the live view
-            counts steps with it).
+        on_step: called with ``(0, optimizer_steps)``, 0 or 1 step, at each window's end (the
+            live view counts steps with it: ``Recorder.count(samples, optimizer_steps)``).
     """
 
     def __init__(
@@ -131,9 +132,43 @@ class AccumulationWindow:
         self._stepped[id(optimizer)] = changed
         self.holds_gradients = False
         if self._on_step is not None:
-            self._on_step(optimizer_steps=int(changed))
+            self._on_step(0, int(changed))  # (samples, optimizer_steps)
 
     def has_stepped(self, optimizer: Any) -> bool:
         """Whether ``optimizer``'s last real step changed the weights (True for one that was not
         prepared: its scheduler steps with each window)."""
         return self._stepped.get(id(optimizer), True)
+
+
+class MicroBatch:
+    """``Accelerator.accumulate``'s block: entering it opens the window's next micro-batch, and
+    on a micro-batch that only accumulates, enters ``no_sync`` for each model (DDP skips its
+    all-reduce). A plain class, not a generator: it runs on every step (a generator-based
+    context manager and its ``ExitStack`` cost several microseconds there).
+
+    Args:
+        window: the Accelerator's accumulation window.
+        loop: what says whether this is a prepared DataLoader's last batch
+            (``end_of_dataloader``), read on entering.
+        no_sync: the strategy's ``no_sync(model)``.
+        models: the models ``accumulate`` was given.
+    """
+
+    __slots__ = ("_loop", "_models", "_no_sync", "_stack", "_window")
+
+    def __init__(self, window: AccumulationWindow, loop: Any, no_sync: Callable, models: tuple):
+        self._window, self._loop, self._no_sync, self._models = window, loop, no_sync, models
+        self._stack: contextlib.ExitStack | None = None
+
+    def __enter__(self) -> None:
+        window = self._window
+        window.advance(self._loop.end_of_dataloader)
+        if self._models and window.skips_sync:
+            with contextlib.ExitStack() as stack:
+                for model in self._models:
+                    stack.enter_context(self._no_sync(model))
+                self._stack = stack.pop_all()
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        stack, self._stack = self._stack, None
+        return None if stack is None else stack.__exit__(*exc)

@@ -219,19 +219,23 @@ class PreparedDataLoader:
             finally:
                 if replaying is not None:
                     replaying.restore()  # done already, unless the sampler never ran
+            # the loop runs once a step: what it reads is read once, here
+            device, non_blocking, on_batch = self.device, self._non_blocking, self.on_batch
+            breakdown, yielded = self.breakdown, skip
             while current is not _DONE:
                 following = next(batches, _DONE)  # read ahead: the wait for it is this batch's
                 if following is _DONE:  # the sampler is spent: it knows how the epoch ended
                     frame.end = True
                     frame.remainder = self._remainder()
                 batch = current
-                if self.device is not None:
-                    batch = send_to_device(current, self.device, self._non_blocking)
-                if asked is not None:
-                    self.breakdown.waited_for_data(asked)  # type: ignore[union-attr]
-                if self.on_batch is not None:
-                    self.on_batch(samples_in(current))
-                self._progress = (begun, self._progress[1] + 1)
+                if device is not None:
+                    batch = send_to_device(current, device, non_blocking)
+                if breakdown is not None:
+                    breakdown.waited_for_data(asked)
+                if on_batch is not None:
+                    on_batch(samples_in(current))
+                yielded += 1
+                self._progress = (begun, yielded)
                 yield batch
                 asked = self._asked()
                 current = following

@@ -53,6 +53,8 @@ class Strategy:
     distributed_type: DistributedType | None = None
     #: False where the back end scales fp16 losses itself
     scales_losses = True
+    #: whether ``no_sync`` holds anything back (DDP, FSDP): ``accumulate`` enters it only then
+    holds_sync = False
 
     def __init__(
         self,
@@ -116,7 +118,10 @@ class Strategy:
         """``loss.backward()`` for one micro-batch, a share of the window's step."""
         if self.accumulation_steps > 1:
             loss = loss / self.accumulation_steps
-        self.precision.backward(loss, **kwargs)
+        if self.precision.scaler is None:  # one call less on every step (precision.backward)
+            loss.backward(**kwargs)
+        else:
+            self.precision.backward(loss, **kwargs)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float) -> Any:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)

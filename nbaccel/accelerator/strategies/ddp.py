@@ -28,6 +28,8 @@ from .base import Strategy, trainable
 class DDP(Strategy):
     """Replicate the model on every rank (gloo on CPUs, NCCL on GPUs)."""
 
+    holds_sync = True
+
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._unhooked: list[DistributedDataParallel] = []  # no breakdown hook tried yet

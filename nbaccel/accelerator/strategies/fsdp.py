@@ -60,6 +60,8 @@ class FSDPPlugin:
 class FSDP(Strategy):
     """Shard trainable models over the ranks (with one process: train as one process does)."""
 
+    holds_sync = True
+
     def __init__(self, plugin: Any, state: Any, mixed_precision: str, *args: Any) -> None:
         if mixed_precision == "fp16":
             raise ValueError(
