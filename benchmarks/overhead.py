@@ -6,24 +6,29 @@ three modes: "plain" (float32), "accumulation 4" (a real step every 4th micro-ba
 (autocast). HF Accelerate and Lightning Fabric join as extra columns when they are installed
 (`pip install -c constraints.txt -e '.[bench]'`).
 
-The machine may be shared and noisy, so every variant runs in this one process, round-robin
-(the first variant rotates each round), the same number of steps per trial, on objects rebuilt
-every few rounds. Each round gives a paired ratio: a variant's steps/s over raw PyTorch's in the
-same round. We report the median ratio, the median steps/s, and the interquartile range (IQR)
-of both. Wall time (``perf_counter``) is the measure; the ratio of process CPU time is shown
-beside it, as it ignores the time other programs held the CPU. "raw again", a second copy of
-the raw loop, shows how far from 1 a ratio strays with no difference in the code at all.
+The machine may be shared and noisy, so every variant runs in this one process, and the
+variants take turns a few steps at a time. Each round builds every variant afresh (the same
+weights and data), then runs N steps of each, 4 at a turn (one accumulation window), in an order
+shuffled anew for every turn: none always follows the same variant, and a slow moment of the
+machine falls on all of them alike. Each round gives a paired ratio: a variant's steps/s over
+raw PyTorch's in the same round. We report the median ratio, the median steps/s, and the
+interquartile range (IQR) of both, in wall time (``perf_counter``) and in this thread's CPU time
+(``thread_time``: the loop runs on one thread, and its CPU time leaves out the time other
+programs held the core). "raw again", a second copy of the raw loop, shows how far from 1 a
+ratio strays with no difference in the code at all.
 
 The time breakdown (``nbaccel.observe.breakdown``, on by default) is measured as a pair: "nbaccel"
 with it and "nbaccel, no breakdown" (``NBACCEL_BREAKDOWN=0``), and the paired ratio of the two in
 each round is the breakdown's cost (reported below the table).
 
-The experiment trackers are measured the same way, in the "plain" mode: nbaccel's loop logging
+The experiment trackers are measured in whole passes, in the "plain" mode (a tracker's
+background work is waited for at a pass's end): nbaccel's loop logging
 its loss every step, as the live view's users do (``accelerator.log({"loss": loss})``), with
 ``log_with`` one tracker (TensorBoard, MLflow, wandb offline: those installed, each writing into
 a temporary folder) against the same loop without one ("no tracker"; "no tracker again" is its
-noise floor). Each pass ends by waiting for the tracker's background work on it (TensorBoard's
-writer thread, MLflow's queue), so that work is counted in its own trial. The loop also times its
+noise floor). The variants take turns a pass each, the first one rotating each round; each
+pass ends by waiting for the tracker's background work on it (TensorBoard's writer thread,
+MLflow's queue), so that work is counted in its own trial. The loop also times its
 ``log`` calls: what a tracker adds to one call, in microseconds, and as a share of a step.
 
     python benchmarks/overhead.py [--rounds 25] [--steps N] [--threads 1] [--out FILE.json]
@@ -39,6 +44,7 @@ import functools
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -56,7 +62,8 @@ from nbaccel.observe.trackers.general import installed
 
 MODES = {"plain": (1, "no"), "accumulation 4": (4, "no"), "bf16": (1, "bf16")}  # accum, precision
 WIDTH, BATCH, LR = 512, 64, 1e-3
-REBUILD = 5  # rounds between fresh models, optimizers and loaders
+REBUILD = 5  # rounds between fresh models, optimizers and loaders (the trackers' trials)
+BLOCK = 4  # steps a variant runs at each of its turns: one window of accumulation 4
 
 
 def make_parts(steps: int):
@@ -73,12 +80,13 @@ def make_parts(steps: int):
 
 
 def raw(steps: int, accum: int, precision: str):
+    """Raw PyTorch's loop, one micro-batch per ``next``, which returns its loss; the loader's
+    passes follow each other without end (a pass is ``steps`` micro-batches)."""
     model, optimizer, loader = make_parts(steps)
     # No autocast at all in float32: even a disabled one costs ~10 us per step.
     bf16 = precision == "bf16"
     autocast = (lambda: torch.autocast("cpu", torch.bfloat16)) if bf16 else contextlib.nullcontext
-
-    def epoch() -> float:
+    while True:
         for i, (x, y) in enumerate(loader):
             with autocast():
                 loss = F.cross_entropy(model(x), y)
@@ -86,21 +94,30 @@ def raw(steps: int, accum: int, precision: str):
             if (i + 1) % accum == 0:
                 optimizer.step()
                 optimizer.zero_grad()
-        return loss.item()
-
-    return epoch
+            yield loss
 
 
-def accelerator_epoch(accelerator, model, optimizer, loader):
-    """One loop for nbaccel and HF Accelerate: that is the point of sharing the API."""
-
-    def epoch() -> float:
+def accelerator_steps(accelerator, model, optimizer, loader):
+    """One loop for nbaccel and HF Accelerate (that is the point of sharing the API), one
+    micro-batch per ``next``, without end."""
+    while True:
         for x, y in loader:
             with accelerator.accumulate(model):
                 loss = F.cross_entropy(model(x), y)
                 accelerator.backward(loss)
                 optimizer.step()
                 optimizer.zero_grad()
+            yield loss
+
+
+def accelerator_epoch(accelerator, model, optimizer, loader):
+    """``accelerator_steps`` a pass at a time: a call runs one pass and returns its last loss
+    (``gpu.py`` times passes)."""
+    steps = accelerator_steps(accelerator, model, optimizer, loader)
+
+    def epoch() -> float:
+        for _ in range(len(loader)):
+            loss = next(steps)
         return loss.item()
 
     return epoch
@@ -108,7 +125,7 @@ def accelerator_epoch(accelerator, model, optimizer, loader):
 
 def nbaccel_loop(steps: int, accum: int, precision: str):
     accelerator = nbaccel.Accelerator(precision, gradient_accumulation_steps=accum, cpu=True)
-    return accelerator_epoch(accelerator, *accelerator.prepare(*make_parts(steps)))
+    return accelerator_steps(accelerator, *accelerator.prepare(*make_parts(steps)))
 
 
 def nbaccel_without_breakdown(steps: int, accum: int, precision: str):
@@ -133,7 +150,7 @@ def accelerate_loop(steps: int, accum: int, precision: str):
     accelerator = Accelerator(
         mixed_precision=precision, gradient_accumulation_steps=accum, cpu=True
     )
-    return accelerator_epoch(accelerator, *accelerator.prepare(*make_parts(steps)))
+    return accelerator_steps(accelerator, *accelerator.prepare(*make_parts(steps)))
 
 
 def fabric_loop(steps: int, accum: int, precision: str):
@@ -145,7 +162,7 @@ def fabric_loop(steps: int, accum: int, precision: str):
     model, optimizer = fabric.setup(model, optimizer)
     loader = fabric.setup_dataloaders(loader)
 
-    def epoch() -> float:  # Fabric leaves accumulation to the user, as raw PyTorch does
+    while True:  # Fabric leaves accumulation to the user, as raw PyTorch does
         for i, (x, y) in enumerate(loader):
             last = (i + 1) % accum == 0
             with fabric.no_backward_sync(model, enabled=not last):
@@ -154,9 +171,7 @@ def fabric_loop(steps: int, accum: int, precision: str):
             if last:
                 optimizer.step()
                 optimizer.zero_grad()
-        return loss.item()
-
-    return epoch
+            yield loss
 
 
 # The trackers, each by its log_with name, with its init_kwargs: wandb offline, as without an
@@ -245,12 +260,15 @@ def tracker_variants() -> dict:
 
 
 def calibrate(accum: int, precision: str, seconds: float = 0.3) -> int:
-    """Steps (a multiple of 4, at least 8) for one raw trial to take about ``seconds``."""
-    epoch = raw(8, accum, precision)
-    epoch()
+    """Steps (a multiple of ``BLOCK``, at least two turns) for raw PyTorch to take about
+    ``seconds``."""
+    steps = raw(8, accum, precision)
+    for _ in range(8):
+        next(steps)
     start = time.perf_counter()
-    epoch()
-    return max(8, 4 * round(seconds / ((time.perf_counter() - start) / 8) / 4))
+    for _ in range(8):
+        next(steps)
+    return max(2 * BLOCK, BLOCK * round(seconds / ((time.perf_counter() - start) / 8) / BLOCK))
 
 
 def stat(xs: list[float], digits: int) -> dict:
@@ -258,11 +276,50 @@ def stat(xs: list[float], digits: int) -> dict:
     return {"median": round(median, digits), "iqr": [round(q1, digits), round(q3, digits)]}
 
 
-def run_mode(
-    mode: str, variants: dict, rounds: int, steps: int | None, baseline: str = "raw"
+def run_lockstep(mode: str, variants: dict, rounds: int, steps: int | None) -> dict:
+    """The three modes. Each round builds every variant afresh (the same weights and data:
+    where their memory lies moves a loop's speed by about 1%), runs two blocks of warm-up,
+    then ``steps`` steps of each variant, ``BLOCK`` at a time, taking turns in an order
+    shuffled anew for every block: no variant always follows the same one (what ran before
+    leaves the caches and the CPU's clock in its own state), and each one's steps are spread
+    over the whole round, so a slow moment of the machine falls on all of them alike. A round
+    gives each variant its steps/s, in wall time and in this thread's CPU time."""
+    accum, precision = MODES[mode]
+    steps = steps or calibrate(accum, precision)
+    names, order = list(variants), random.Random(0)  # the same order in every run
+    wall: dict[str, list[float]] = {name: [] for name in variants}  # steps/s, one per round
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+    loss = {}
+    for _ in range(rounds):
+        runs = {name: build(steps, accum, precision) for name, build in variants.items()}
+        for run in runs.values():
+            for _ in range(2 * BLOCK):  # warm-up: allocator, autograd graph, autocast caches
+                next(run)
+        seconds = {name: 0.0 for name in names}
+        cpu_seconds = {name: 0.0 for name in names}
+        for _ in range(steps // BLOCK):
+            order.shuffle(names)
+            for name in names:
+                run = runs[name]
+                start, cpu_start = time.perf_counter(), time.thread_time()
+                for _ in range(BLOCK):
+                    last = next(run)
+                seconds[name] += time.perf_counter() - start
+                cpu_seconds[name] += time.thread_time() - cpu_start
+                loss[name] = last
+        for name in variants:
+            wall[name].append(steps / seconds[name])
+            cpu[name].append(steps / cpu_seconds[name])
+        loss = {name: value.item() for name, value in loss.items()}  # after the same steps
+    return summarize(variants, steps, "raw", wall, cpu, loss)
+
+
+def run_trials(
+    mode: str, variants: dict, rounds: int, steps: int | None, baseline: str = NO_TRACKER
 ) -> dict:
-    """Every variant once a round, round-robin; ratios are over ``baseline`` in the same round.
-    A variant that times its ``log`` calls (``log_seconds``) has them reported too."""
+    """The trackers: every variant runs a pass over its loader once a round, round-robin (a
+    pass ends by waiting for the tracker's background work); ratios are over ``baseline`` in
+    the same round, and the variants' ``log`` calls are timed too (``log_seconds``)."""
     accum, precision = MODES[mode]
     steps = steps or calibrate(accum, precision)
     wall: dict[str, list[float]] = {name: [] for name in variants}  # steps/s, one per round
@@ -284,11 +341,26 @@ def run_mode(
                 loss[name] = epochs[name]()
                 wall[name].append(steps / (time.perf_counter() - start))
                 cpu[name].append(steps / (time.process_time() - cpu_start))
-                if hasattr(epochs[name], "log_seconds"):
-                    log_us[name].append(epochs[name].log_seconds / steps * 1e6)
-                    log_cpu_us[name].append(epochs[name].log_cpu_seconds / steps * 1e6)
+                log_us[name].append(epochs[name].log_seconds / steps * 1e6)
+                log_cpu_us[name].append(epochs[name].log_cpu_seconds / steps * 1e6)
     finally:
         close(epochs)
+    return summarize(variants, steps, baseline, wall, cpu, loss, log_us, log_cpu_us)
+
+
+def summarize(
+    variants: dict,
+    steps: int,
+    baseline: str,
+    wall: dict,
+    cpu: dict,
+    loss: dict,
+    log_us: dict | None = None,
+    log_cpu_us: dict | None = None,
+) -> dict:
+    """Per variant: medians and IQRs of its steps/s and of its paired ratios to ``baseline``;
+    the breakdown's cost (on over off); and for the trackers what each adds to a log call."""
+    log_us, log_cpu_us = log_us or {}, log_cpu_us or {}
 
     def over_base(xs: dict, name: str) -> list[float]:
         return [x / b for x, b in zip(xs[name], xs[baseline], strict=True)]
@@ -305,7 +377,7 @@ def run_mode(
             "last_loss": round(loss[name], 4),  # equal across variants: the same math
             "per_round_steps_per_s": [round(x, 1) for x in wall[name]],
         }
-        if log_us[name]:
+        if log_us.get(name):
             results[name]["log_call_us"] = stat(log_us[name], 1)
             results[name]["log_call_cpu_us"] = stat(log_cpu_us[name], 1)
     pair = "nbaccel", "nbaccel, no breakdown"
@@ -313,7 +385,11 @@ def run_mode(
     if all(name in variants for name in pair):  # the breakdown's cost: on over off, paired
         on, off = wall[pair[0]], wall[pair[1]]
         out["breakdown_on_over_off"] = stat([a / b for a, b in zip(on, off, strict=True)], 4)
-    if log_us[baseline]:  # what each variant adds to a log call, paired, and its share of a step
+        on, off = cpu[pair[0]], cpu[pair[1]]
+        out["breakdown_cpu_on_over_off"] = stat([a / b for a, b in zip(on, off, strict=True)], 4)
+    if log_us.get(
+        baseline
+    ):  # what each variant adds to a log call, paired, and its share of a step
         out["log_call_cost"] = {
             name: {
                 "extra_us": stat(added(log_us, name), 1),
@@ -328,7 +404,7 @@ def run_mode(
                 ),
             }
             for name in variants
-            if log_us[name] and name != baseline
+            if log_us.get(name) and name != baseline
         }
     return out
 
@@ -386,9 +462,16 @@ def to_markdown(report: dict) -> str:
         "N steps per variant. Ratio: variant / baseline steps/s in the same round. Median (IQR).",
     ]
     if report["modes"]:
+        lines.append(
+            f"Modes: each round builds every variant afresh; they take turns {BLOCK} steps at a "
+            "time, in an order shuffled for every turn. Ratio in wall time; CPU-time ratio in "
+            "this thread's CPU time (the loop's one thread)."
+        )
+    if report["modes"]:
         lines += ["", *table(report["modes"], "raw")]
         costs = [
-            f"{mode} {cell(result['breakdown_on_over_off'], 4)}"
+            f"{mode} {cell(result['breakdown_on_over_off'], 4)} wall, "
+            f"{cell(result['breakdown_cpu_on_over_off'], 4)} CPU time"
             for mode, result in report["modes"].items()
             if "breakdown_on_over_off" in result
         ]
@@ -474,8 +557,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be at least 2, for a median and quartiles")
-    if args.steps is not None and (args.steps < 4 or args.steps % 4):
-        parser.error("--steps must be a multiple of 4, so every accumulation window is full")
+    if args.steps is not None and (args.steps < BLOCK or args.steps % BLOCK):
+        parser.error(
+            f"--steps must be a multiple of {BLOCK}: the variants take turns {BLOCK} steps at a "
+            "time, and every accumulation window is full"
+        )
     torch.set_num_threads(args.threads)
     config = {"width": WIDTH, "batch": BATCH, "optimizer": f"SGD(lr={LR})", "rounds": args.rounds}
     load = {"before": os.getloadavg()[0]}
@@ -483,11 +569,11 @@ def main() -> None:
     if args.only != "trackers":
         variants = mode_variants()
         for mode in MODES:
-            report["modes"][mode] = run_mode(mode, variants, args.rounds, args.steps)
+            report["modes"][mode] = run_lockstep(mode, variants, args.rounds, args.steps)
     if args.only != "modes":
         trackers = tracker_variants()
         report["versions"] = {n: __import__(n).__version__ for n in TRACKERS if n in trackers}
-        report["trackers"] = run_mode("plain", trackers, args.rounds, args.steps, NO_TRACKER)
+        report["trackers"] = run_trials("plain", trackers, args.rounds, args.steps)
     load["after"] = os.getloadavg()[0]
     text = to_markdown(report)
     print("\n" + text)
