@@ -11,7 +11,9 @@ every launcher, which makes its forks a little dearer than a lean kernel's. Then
 every variant also runs in a fresh process that imported only torch, nbaccel and that launcher:
 its first launch is timed (for nbaccel, that one starts the fork server), then a memory run, where
 the workers sleep 1 s after the all-reduce while a thread sums the PSS and USS of the workers,
-nbaccel's fork server apart, and of the whole process tree (the launching process included).
+nbaccel's fork server apart, and of the whole process tree (the launching process included);
+then a second memory run, where the workers first train a few steps and collect their garbage
+(``work``), as any worker that trains a while has done.
 
     python benchmarks/launch.py [--runs 10] [--out benchmarks/results/launch-cpu.json]
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import importlib
 import importlib.metadata
 import importlib.util
@@ -47,28 +50,48 @@ import nbaccel
 HOLD = 1.0  # seconds a worker stays alive after the all-reduce in memory runs
 
 
-def nbaccel_job(hold: float) -> None:
+def nbaccel_job(hold: float, train: bool = False) -> None:
     accelerator = nbaccel.Accelerator()
     accelerator.reduce(torch.ones(1))
-    time.sleep(hold)
+    then_hold(hold, train)
     accelerator.end_training()
 
 
-def torch_job(hold: float) -> None:  # RANK, WORLD_SIZE and MASTER_* come from the environment
+def torch_job(hold: float, train: bool = False) -> None:  # RANK, WORLD_SIZE, MASTER_* are set
     dist.init_process_group("gloo")
     dist.all_reduce(torch.ones(1))
-    time.sleep(hold)
+    then_hold(hold, train)
     dist.destroy_process_group()
 
 
-def fork_job(rank: int, hold: float) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
-    torch_job(hold)
-
-
-def fabric_job(fabric, hold: float) -> None:  # Fabric joined the process group before calling
-    dist.all_reduce(torch.ones(1))
+def then_hold(hold: float, train: bool) -> None:
+    if train:
+        work()
     time.sleep(hold)
+
+
+def work() -> None:
+    """What a worker of a memory run does before it holds: a few training steps of a small
+    model, then a full garbage collection, as any run that trains a while has had. A collection
+    writes to every object it visits, so the pages a worker shares with the process it was
+    forked from are copied unless those objects were frozen there (``gc.freeze``)."""
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(20):
+        model(torch.randn(8, 64)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    gc.collect()
+
+
+def fork_job(rank: int, hold: float, train: bool) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+    torch_job(hold, train)
+
+
+def fabric_job(fabric, hold: float, train: bool) -> None:  # Fabric set up the process group
+    dist.all_reduce(torch.ones(1))
+    then_hold(hold, train)
     dist.destroy_process_group()
 
 
@@ -78,32 +101,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_nbaccel(hold: float, **kwargs) -> None:
-    nbaccel.notebook_launcher(nbaccel_job, args=(hold,), num_processes=2, cpu=True, **kwargs)
+def run_nbaccel(hold: float, train: bool = False, **kwargs) -> None:
+    args = (hold, train)
+    nbaccel.notebook_launcher(nbaccel_job, args=args, num_processes=2, cpu=True, **kwargs)
 
 
-def run_fork(hold: float) -> None:
+def run_fork(hold: float, train: bool = False) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    mp.start_processes(fork_job, args=(hold,), nprocs=2, start_method="fork")
+    mp.start_processes(fork_job, args=(hold, train), nprocs=2, start_method="fork")
 
 
-def run_accelerate(hold: float) -> None:
+def run_accelerate(hold: float, train: bool = False) -> None:
     import accelerate
 
-    accelerate.notebook_launcher(torch_job, args=(hold,), num_processes=2, use_port=free_port())
+    args = (hold, train)
+    accelerate.notebook_launcher(torch_job, args=args, num_processes=2, use_port=free_port())
 
 
-def run_fabric(hold: float) -> None:
+def run_fabric(hold: float, train: bool = False) -> None:
     from lightning.fabric import Fabric
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    Fabric(accelerator="cpu", devices=2, strategy="ddp_fork").launch(fabric_job, hold)
+    Fabric(accelerator="cpu", devices=2, strategy="ddp_fork").launch(fabric_job, hold, train)
 
 
 VARIANTS = {  # name: (run, the module it needs, the call as recorded in the results)
     "nbaccel": (run_nbaccel, "nbaccel", "notebook_launcher(fn, num_processes=2, cpu=True)"),
     "nbaccel spawn": (
-        lambda hold: run_nbaccel(hold, start_method="spawn"),
+        lambda hold, train=False: run_nbaccel(hold, train, start_method="spawn"),
         "nbaccel",
         "notebook_launcher(fn, num_processes=2, cpu=True, start_method='spawn')",
     ),
@@ -143,7 +168,7 @@ def timed(run) -> float:
         return time.perf_counter() - start
 
 
-def memory(run) -> dict:
+def memory(run, train: bool) -> dict:
     """The sample (MiB) with the largest worker PSS among those that saw exactly 2 workers."""
     samples, done, me = [], threading.Event(), psutil.Process()
 
@@ -170,7 +195,7 @@ def memory(run) -> dict:
     sampler.start()
     try:
         with isolated():
-            run(HOLD)
+            run(HOLD, train)
     finally:
         done.set()
         sampler.join()
@@ -196,7 +221,8 @@ def fresh(name: str) -> dict:
 def child(name: str) -> None:
     run, module, _ = VARIANTS[name]
     importlib.import_module(module)  # as a notebook would have, before it launches
-    print(json.dumps({"first": timed(run), "memory": memory(run)}))
+    first = timed(run)
+    print(json.dumps({"first": first, "memory": memory(run, False), "trained": memory(run, True)}))
 
 
 def summary(values: list[float]) -> dict:
@@ -255,6 +281,18 @@ def report(results: dict) -> str:
         keys = ("workers_pss", "workers_uss", "server_pss", "server_uss", "tree_pss")
         cells += [f"{mem[k]['median']:.0f}" if mem[k]["max"] else "" for k in keys]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Memory again, the workers having trained (`work`: 20 steps of a small model, then a "
+        "full garbage collection) before the same sample.",
+        "",
+        "| variant | worker PSS MiB | worker USS MiB | server PSS MiB | server USS MiB"
+        " | tree PSS MiB |",
+        "|---|" + "---:|" * 5,
+    ]
+    for name, mem in results["trained"].items():
+        cells = [f"{mem[k]['median']:.0f}" if mem[k]["max"] else "" for k in keys]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -287,9 +325,12 @@ def main() -> None:
             for n, v in times.items()
         },
         "first": {n: summary(v) | {"all": v} for n, v in firsts.items()},
-        "memory": {
-            n: {k: summary([r["memory"][k] for r in runs]) for k in runs[0]["memory"]}
-            for n, runs in fresh_runs.items()
+        **{
+            part: {
+                n: {k: summary([r[part][k] for r in runs]) for k in runs[0][part]}
+                for n, runs in fresh_runs.items()
+            }
+            for part in ("memory", "trained")
         },
     }
     text = report(results)

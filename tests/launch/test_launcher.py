@@ -48,6 +48,21 @@ def test_returns_rank_zeros_value_and_every_ranks_on_request():
     assert values[0]["value"].device.type == "cpu"
 
 
+def test_workers_leave_what_the_server_loaded_to_its_frozen_generation():
+    """The fork server froze what it imported (torch, nbaccel): a worker's garbage collections
+    skip those objects, so they do not write to (and copy) the pages it shares with the server.
+    Measured in benchmarks/launch.py; here, the workers' own view of the frozen objects."""
+
+    def frozen():
+        import gc
+
+        gc.collect()  # a full collection: it must leave the frozen generation where it is
+        return gc.get_freeze_count()
+
+    counts = notebook_launcher(frozen, num_processes=2, return_all=True, timeout=HANG)
+    assert all(count > 10_000 for count in counts), counts  # torch's import alone is ~100,000
+
+
 def test_workers_get_the_launch_environment(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
 
