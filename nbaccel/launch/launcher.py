@@ -14,22 +14,24 @@ fork server (default)  0.07-0.12 s  yes: workers fork from a fresh interpreter t
                        (first 3.5)    torch and never ran a torch op (``forkserver.py``)
 =====================  ===========  =========================================================
 
-(The "first 3.5" is a first launch that starts the server. Started at the import in a kernel,
-as below, the first launch after a 10 s pause took 0.095 s: ``benchmarks/first_launch.py``.)
+("first 3.5": a first launch that starts the server; started at the import in a kernel, as
+below, the first launch after a 10 s pause took 0.095 s: ``benchmarks/first_launch.py``.)
 
 So ``start_method="forkserver"`` (the default) keeps one server per kernel and forks workers
 from it. In a Jupyter kernel that server is started when this module is first imported
 (``from nbaccel import notebook_launcher``): the one thing nbaccel starts at import time, on
 purpose (``client.prestart``). It costs one core for the seconds its interpreter takes to import
-torch (while you write the next cells), then nothing but its memory (the ~60 MiB below); it
+torch (while you write the next cells), then nothing but its memory (below); it
 waits in ``select`` until a launch, and ends with the kernel (its socket closes). Outside a
 kernel nothing starts. ``NBACCEL_PRESTART=0`` or ``nbaccel config --no-prestart`` turns it off:
 the first launch then starts the server, as before. A server that died between launches is
 said, and replaced by the next launch. ``"spawn"`` starts a fresh server for this launch alone
 and shuts it down after, for scripts that want nothing left running. Either way the function
 travels by value (cloudpickle), so functions and classes defined in notebook cells work, and
-CUDA state in the kernel does not matter: no worker is a fork of the kernel. The price: the
-server's own memory, a fixed ~60 MiB (PSS) per kernel; the workers' memory equals bare fork's.
+CUDA state in the kernel does not matter: no worker is a fork of the kernel. The price is the
+server's torch import (~210 MiB): kernel, server and 2 idle workers hold 429 MiB (PSS) against
+186 for a bare fork; after 20 training steps and a garbage collection (which copies a forked
+parent's objects, unless frozen: the server's are) 436 against 438 (``benchmarks/launch.py``).
 
 Options: the arguments, the ``nbaccel config`` file and the machine resolve into one
 ``LaunchConfig`` (``config.py``), the same one ``nbaccel launch`` builds; the workers read
