@@ -44,10 +44,6 @@ def has_tensor(data: Any) -> bool:
 
 def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Move every tensor inside tuples, lists, dicts and named tuples to ``device``."""
-    kind = type(obj)
-    if (kind is tuple or kind is list) and all(type(t) is torch.Tensor for t in obj):
-        # a DataLoader's usual batch, (inputs, labels): no walk
-        return type(obj)([t.to(device, non_blocking=non_blocking) for t in obj])
     return map_tensors(obj, lambda t: t.to(device, non_blocking=non_blocking))
 
 

@@ -68,18 +68,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.defaults = value
 
     def step(self, closure=None):  # type: ignore[override]
-        window = self.window
-        if not window.sync_gradients:
+        if not self.window.sync_gradients:
             self.stepped = False  # mid-window: keep accumulating
             return None
         with computing(self.breakdown):
-            if self.precision.scaler is None and closure is None:  # the usual step, direct
-                self.optimizer.step()
-                self.stepped = True
-            else:
-                self.stepped = self.precision.step(self.optimizer, closure)
+            self.stepped = self.precision.step(self.optimizer, closure)
         self.step_was_skipped = not self.stepped
-        window.stepped(self.optimizer, self.stepped)
+        self.window.stepped(self.optimizer, self.stepped)
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -118,10 +118,7 @@ class Strategy:
         """``loss.backward()`` for one micro-batch, a share of the window's step."""
         if self.accumulation_steps > 1:
             loss = loss / self.accumulation_steps
-        if self.precision.scaler is None:  # one call less on every step (precision.backward)
-            loss.backward(**kwargs)
-        else:
-            self.precision.backward(loss, **kwargs)
+        self.precision.backward(loss, **kwargs)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float) -> Any:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
