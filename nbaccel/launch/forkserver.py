@@ -9,12 +9,12 @@ waits: it never runs a torch op, so it has no thread pool and no CUDA context, a
 safe and fast. Workers receive the notebook's function serialised by value (cloudpickle), so
 functions and classes defined in cells work.
 
-Memory: the workers share the server's pages (torch's import, about 210 MiB) until they write to
-them. A garbage collection writes to every object it visits, so a worker's first full collection
-would copy every page that holds one. The server freezes what it has loaded (``gc.freeze()``):
-the workers' collections skip those objects, and the pages stay shared. Measured on 2 cores, a
-worker's own memory (USS) after 20 training steps and ``gc.collect()``: 80 MiB without the
-freeze, 14 MiB with it.
+Memory: the workers share the server's pages (torch's import) until they write to them. A
+garbage collection writes to every object it visits, so a worker's first full collection would
+copy every page that holds one. The server freezes what it has loaded (``gc.freeze()``): the
+workers' collections skip those objects, and the pages stay shared. Measured on 2 cores
+(``benchmarks/launch.py``), the own memory (USS) of 2 workers after 20 training steps and
+``gc.collect()``: 153 MiB without the freeze, 24 MiB with it.
 
 The messages, their framing and the exception-as-data they carry live in ``protocol.py``, which
 the launcher's side (``supervisor.py``) imports too.

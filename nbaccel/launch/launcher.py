@@ -29,8 +29,8 @@ said, and replaced by the next launch. ``"spawn"`` starts a fresh server for thi
 and shuts it down after, for scripts that want nothing left running. Either way the function
 travels by value (cloudpickle), so functions and classes defined in notebook cells work, and
 CUDA state in the kernel does not matter: no worker is a fork of the kernel. The price is the
-server's torch import (~210 MiB): kernel, server and 2 idle workers hold 429 MiB (PSS) against
-186 for a bare fork; after 20 training steps and a garbage collection (which copies a forked
+server's own torch import: kernel, server and 2 idle workers hold 429 MiB (PSS) against 186
+for a bare fork; after 20 training steps and a garbage collection (which copies a forked
 parent's objects, unless frozen: the server's are) 436 against 438 (``benchmarks/launch.py``).
 
 Options: the arguments, the ``nbaccel config`` file and the machine resolve into one
