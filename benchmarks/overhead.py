@@ -50,6 +50,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -277,41 +278,51 @@ def stat(xs: list[float], digits: int) -> dict:
 
 
 def run_lockstep(mode: str, variants: dict, rounds: int, steps: int | None) -> dict:
-    """The three modes. Each round builds every variant afresh (the same weights and data:
-    where their memory lies moves a loop's speed by about 1%), runs two blocks of warm-up,
-    then ``steps`` steps of each variant, ``BLOCK`` at a time, taking turns in an order
-    shuffled anew for every block: no variant always follows the same one (what ran before
-    leaves the caches and the CPU's clock in its own state), and each one's steps are spread
-    over the whole round, so a slow moment of the machine falls on all of them alike. A round
+    """The three modes, each round's variants built afresh and run in ``turns``. A round
     gives each variant its steps/s, in wall time and in this thread's CPU time."""
     accum, precision = MODES[mode]
     steps = steps or calibrate(accum, precision)
-    names, order = list(variants), random.Random(0)  # the same order in every run
+    order = random.Random(0)  # the same order in every run
     wall: dict[str, list[float]] = {name: [] for name in variants}  # steps/s, one per round
     cpu: dict[str, list[float]] = {name: [] for name in variants}
-    loss = {}
+    last = {}
     for _ in range(rounds):
         runs = {name: build(steps, accum, precision) for name, build in variants.items()}
-        for run in runs.values():
-            for _ in range(2 * BLOCK):  # warm-up: allocator, autograd graph, autocast caches
-                next(run)
-        seconds = {name: 0.0 for name in names}
-        cpu_seconds = {name: 0.0 for name in names}
-        for _ in range(steps // BLOCK):
-            order.shuffle(names)
-            for name in names:
-                run = runs[name]
-                start, cpu_start = time.perf_counter(), time.thread_time()
-                for _ in range(BLOCK):
-                    last = next(run)
-                seconds[name] += time.perf_counter() - start
-                cpu_seconds[name] += time.thread_time() - cpu_start
-                loss[name] = last
+        warm_up(runs)
+        seconds = dict.fromkeys(runs, 0.0)
+        cpu_seconds = dict.fromkeys(runs, 0.0)
+        for name in turns(runs, steps, order):
+            run = runs[name]
+            start, cpu_start = time.perf_counter(), time.thread_time()
+            for _ in range(BLOCK):
+                last[name] = next(run)
+            seconds[name] += time.perf_counter() - start
+            cpu_seconds[name] += time.thread_time() - cpu_start
         for name in variants:
             wall[name].append(steps / seconds[name])
             cpu[name].append(steps / cpu_seconds[name])
-        loss = {name: value.item() for name, value in loss.items()}  # after the same steps
+    loss = {name: value.item() for name, value in last.items()}  # after the same steps
     return summarize(variants, steps, "raw", wall, cpu, loss)
+
+
+def warm_up(runs: dict) -> None:
+    """Two turns of each run, not timed: the allocator, autograd's graph, autocast's caches."""
+    for run in runs.values():
+        for _ in range(2 * BLOCK):
+            next(run)
+
+
+def turns(runs: dict, steps: int, order: random.Random) -> Iterator[str]:
+    """The method for a noisy machine: each run's name at each of its ``steps // BLOCK`` turns
+    (the caller runs ``BLOCK`` steps of it), in an order shuffled anew for every turn. No run
+    always follows the same one (what ran before leaves the caches in its own state), and each
+    one's steps are spread over the whole round, so a slow moment of the machine falls on all
+    of them alike. The callers build the runs afresh for every round: where their memory lies
+    moves a loop's speed by 1-3%, so a round is one draw of that luck for each."""
+    names = list(runs)
+    for _ in range(steps // BLOCK):
+        order.shuffle(names)
+        yield from names
 
 
 def run_trials(
@@ -387,9 +398,8 @@ def summarize(
         out["breakdown_on_over_off"] = stat([a / b for a, b in zip(on, off, strict=True)], 4)
         on, off = cpu[pair[0]], cpu[pair[1]]
         out["breakdown_cpu_on_over_off"] = stat([a / b for a, b in zip(on, off, strict=True)], 4)
-    if log_us.get(
-        baseline
-    ):  # what each variant adds to a log call, paired, and its share of a step
+    # what each variant adds to a log call, paired, and its share of a step
+    if log_us.get(baseline):
         out["log_call_cost"] = {
             name: {
                 "extra_us": stat(added(log_us, name), 1),

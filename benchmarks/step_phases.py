@@ -24,7 +24,6 @@ import itertools
 import json
 import os
 import random
-import statistics
 import sys
 from pathlib import Path
 from time import thread_time as clock
@@ -33,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import BLOCK, calibrate, cell, machine, make_parts  # the same loop and machine
+from overhead import BLOCK, calibrate, cell, machine, make_parts, stat, turns, warm_up
 
 import nbaccel
 from nbaccel.env import BREAKDOWN_VAR
@@ -114,23 +113,19 @@ VARIANTS = {
 
 def measure(rounds: int) -> dict:
     steps = calibrate(1, "no")
-    names, order = list(VARIANTS), random.Random(0)
+    order = random.Random(0)
     per_step: dict[str, list[list[float]]] = {name: [] for name in VARIANTS}  # us, per round
     saved = os.environ.get(BREAKDOWN_VAR)
     try:
         for _ in range(rounds):
             spent = {name: [0.0] * len(PHASES) for name in VARIANTS}
             runs = {name: build(steps, spent[name]) for name, build in VARIANTS.items()}
-            for run in runs.values():
-                for _ in range(2 * BLOCK):  # warm-up, not counted
-                    next(run)
-            for name in names:
-                spent[name][:] = [0.0] * len(PHASES)
-            for _ in range(steps // BLOCK):
-                order.shuffle(names)
-                for name in names:
-                    for _ in range(BLOCK):
-                        next(runs[name])
+            warm_up(runs)
+            for name in VARIANTS:
+                spent[name][:] = [0.0] * len(PHASES)  # the warm-up is not counted
+            for name in turns(runs, steps, order):
+                for _ in range(BLOCK):
+                    next(runs[name])
             for name in VARIANTS:
                 per_step[name].append([s / steps * 1e6 for s in spent[name]])
     finally:
@@ -146,21 +141,16 @@ def summarize(result: dict) -> dict:
     table = {}
     for name, rounds in per_step.items():
         table[name] = {
-            "step_us": stat([sum(r) for r in rounds]),
+            "step_us": stat([sum(r) for r in rounds], 1),
             "added_us": {
-                phase: stat([r[i] - b[i] for r, b in zip(rounds, raw_rounds, strict=True)])
+                phase: stat([r[i] - b[i] for r, b in zip(rounds, raw_rounds, strict=True)], 1)
                 for i, phase in enumerate(PHASES)
             },
             "added_step_us": stat(
-                [sum(r) - sum(b) for r, b in zip(rounds, raw_rounds, strict=True)]
+                [sum(r) - sum(b) for r, b in zip(rounds, raw_rounds, strict=True)], 1
             ),
         }
     return table
-
-
-def stat(xs: list[float]) -> dict:
-    q1, median, q3 = statistics.quantiles(xs, n=4, method="inclusive")
-    return {"median": round(median, 1), "iqr": [round(q1, 1), round(q3, 1)]}
 
 
 def to_markdown(report: dict) -> str:
