@@ -67,6 +67,18 @@ def test_send_to_device_keeps_the_structure():
     assert isinstance(moved["x"][1], tuple)
 
 
+def test_send_to_device_calls_no_operator_for_a_tensor_already_there():
+    """Tensors on the device are kept as they are (what ``to`` returns), without an
+    ``aten::to`` call per tensor per step; others move."""
+    batch = (torch.ones(2, 3), torch.zeros(2, dtype=torch.int64))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        moved = send_to_device(batch, torch.device("cpu"))
+    assert all(a is b for a, b in zip(moved, batch, strict=True))
+    assert not [e.name for e in profile.events() if e.name.startswith("aten::")]
+    meta = send_to_device(batch, torch.device("meta"))
+    assert [t.device.type for t in meta] == ["meta", "meta"]
+
+
 def test_the_loader_knows_its_last_batch():
     state = LoopState()
     loader = PreparedDataLoader(DataLoader(range(5), batch_size=2), torch.device("cpu"), state)
