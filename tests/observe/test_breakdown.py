@@ -111,6 +111,49 @@ def test_compute_spans_nest_and_the_waiting_after_the_last_bucket_is_communicati
     }
 
 
+@pytest.mark.parametrize("hooks", [False, True])
+def test_a_watched_forward_is_a_compute_span_even_when_it_raises(hooks):
+    now = [0.0]
+    b = Breakdown(clock=lambda: now[0])
+
+    class Clocked(nn.Module):  # its forward takes 2 "seconds"; a negative input raises
+        def forward(self, x):
+            now[0] += 2.0
+            if x < 0:
+                raise ValueError("negative")
+            return x
+
+    model = b.watch(Clocked(), hooks=hooks)
+    assert model(torch.tensor(1.0)) == 1.0
+    with pytest.raises(ValueError):
+        model(torch.tensor(-1.0))
+    now[0] += 1.0  # outside forward: not compute
+    assert b.counters()[TIME_COMPUTE] == 4.0 and b.counters()[TIME_LOOP] == 5.0
+
+
+def test_a_model_unwrapped_without_autocast_is_still_timed():
+    """``unwrap_model(keep_fp32_wrapper=False)`` removes the autocast, not the timing."""
+    from nbaccel import Accelerator
+
+    accelerator = Accelerator(mixed_precision="bf16", cpu=True)
+    now, computed = [0.0], []
+    accelerator._breakdown.clock = lambda: now[0]
+
+    class Clocked(nn.Linear):
+        def forward(self, x):
+            now[0] += 2.0
+            out = super().forward(x)
+            computed.append(out.dtype)
+            return out
+
+    model = accelerator.prepare(Clocked(2, 2))
+    model(torch.ones(1, 2))
+    plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    plain(torch.ones(1, 2))
+    assert computed == [torch.bfloat16, torch.float32]  # the autocast is gone ...
+    assert accelerator._breakdown.counters()[TIME_COMPUTE] == 4.0  # ... and both were timed
+
+
 # -- two CPU ranks ----------------------------------------------------------------------------
 class Slow(Dataset):
     """64 items of 8 features; on ``slow_rank``, each item takes ``delay`` seconds to load."""

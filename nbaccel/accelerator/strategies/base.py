@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from ...observe.breakdown import TimedForward
 from ...tensors import map_tensors
 from .. import checkpoint
 from ..accumulation import AccumulationWindow, GradientAccumulationPlugin
@@ -95,11 +96,11 @@ class Strategy:
             model.forward = AutocastForward(model.forward, self.precision)
         return self.timed(model)
 
-    def timed(self, model: torch.nn.Module) -> torch.nn.Module:
+    def timed(self, model: torch.nn.Module, hooks: bool = False) -> torch.nn.Module:
         """``model``, its forward timed as compute by the breakdown (once, however often it is
-        prepared)."""
+        prepared): ``Breakdown.watch``."""
         if self.breakdown is not None and model not in self._timed:
-            self._timed.append(self.breakdown.watch(model))
+            self._timed.append(self.breakdown.watch(model, hooks))
         return model
 
     def prepare_optimizer(
@@ -132,8 +133,12 @@ class Strategy:
         and with ``keep_autocast=False`` the autocast that ``prepare_model`` put on forward."""
         while (inner := self.inner(model)) is not None:
             model = inner
-        if not keep_autocast and isinstance(model.__dict__.get("forward"), AutocastForward):
-            del model.__dict__["forward"]
+        if not keep_autocast:
+            forward = model.__dict__.get("forward")
+            if isinstance(forward, TimedForward) and isinstance(forward.forward, AutocastForward):
+                forward.forward = forward.forward.forward  # still timed, no longer autocast
+            elif isinstance(forward, AutocastForward):
+                del model.__dict__["forward"]
         return model
 
     def inner(self, model: torch.nn.Module) -> torch.nn.Module | None:

@@ -90,7 +90,9 @@ class FSDP(Strategy):
             swap_parameters(optimizer, self._replaced)
         if self.breakdown is not None and self.device.type == "cpu":
             time_collectives(model, self.breakdown)
-        return self.timed(model)  # FSDP's mixed-precision policy casts: no autocast on forward
+        # FSDP's mixed-precision policy casts: no autocast on forward; its gathering runs in
+        # forward hooks, which the breakdown's hooks enclose
+        return self.timed(model, hooks=True)
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, window: AccumulationWindow
