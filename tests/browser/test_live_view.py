@@ -78,8 +78,12 @@ WIDGET_TEXT = re.compile(
     r"|Error displaying widget|Loading widget\.\.\."
 )
 SETTINGS = {  # JupyterLab's user settings for the test's server
-    # every cell in the page, not only those scrolled into view
-    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+    # every cell in the page, not only those scrolled into view; the notebook's kernel started
+    # without asking (a loaded run met "Select Kernel" after Run All had begun, and waited on it)
+    "@jupyterlab/notebook-extension/tracker": {
+        "windowingMode": "none",
+        "autoStartDefaultKernel": True,
+    },
     # no "get notified about Jupyter news?" toast over the screenshot
     "@jupyterlab/apputils-extension/notification": {"fetchNews": "false"},
 }
@@ -120,7 +124,7 @@ def server(tmp_path_factory):
     cells = notebook["cells"]
     launch = next(i for i, c in enumerate(cells) if LAUNCH_CELL in "".join(c["source"]))
     after = next(i for i in range(launch + 1, len(cells)) if cells[i]["cell_type"] == "code")
-    notebook["cells"] = cells[: after + 1]
+    notebook["cells"] = [PROBE_CELL, *cells[: after + 1]]
     (root / LESSON).write_text(json.dumps(notebook))
     (root / WHATIF).write_text(json.dumps(whatif_notebook()))
     for name, value in SETTINGS.items():
@@ -203,11 +207,32 @@ def browser():
             chromium.close()
 
 
+# Run All began: a cell after the probe (which ran before) is queued, running or done
 ANY_PROMPT_RAN = """() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))
-                             .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"""
+                             .slice(1).some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"""
 
 
 IDLE = '.jp-Notebook-ExecutionIndicator[data-status="idle"]'  # the toolbar's kernel status
+# The first cell of each notebook under test: a widget, which the front end draws once its
+# widget manager is connected to the kernel. On a loaded machine a notebook run the moment its
+# kernel is up has shown "Error displaying widget: model not found" under a later cell (the
+# manager missed the widget's opening message); a learner reruns that cell. The tests run this
+# one until it draws, then every cell once, so the cells under test run once and must pass.
+PROBE = "widgets connected"
+PROBE_CELL = {
+    "cell_type": "code", "id": "probe", "metadata": {}, "outputs": [], "execution_count": None,
+    "source": f"import ipywidgets\nipywidgets.Label({PROBE!r})",
+}  # fmt: skip
+# the probe cell's prompt ("[3]:") and what its output shows: "drawn", "failed" or null
+PROBE_STATE = f"""() => {{
+  const cell = document.querySelector('.jp-CodeCell');
+  const prompt = cell.querySelector('.jp-InputPrompt').textContent.trim();
+  const out = cell.querySelector('.jp-OutputArea');
+  const labels = Array.from(out?.querySelectorAll('.widget-label') ?? []);
+  if (labels.some(label => label.textContent === {PROBE!r})) return [prompt, 'drawn'];
+  const failed = /model not found|Error displaying widget/.test(out?.innerText ?? '');
+  return [prompt, failed ? 'failed' : null];
+}}"""
 
 
 def run_all(page, started) -> None:
@@ -220,6 +245,7 @@ def run_all(page, started) -> None:
         dialogs += _accept_any_dialog(page)
         assert time.monotonic() < deadline, f"the kernel never became idle; dialogs: {dialogs}"
         time.sleep(0.5)
+    connect_widgets(page)
     for _ in range(5):
         dialogs += _accept_any_dialog(page)
         try:
@@ -230,6 +256,39 @@ def run_all(page, started) -> None:
         except Exception:
             page.keyboard.press("Escape")  # close the menu if it is still open; try again
     raise AssertionError(f"Run > Run All Cells did not start the notebook; dialogs: {dialogs}")
+
+
+RUN_CELL = '[data-command="notebook:run-cell-and-select-next"]'  # the toolbar's run button
+
+
+def connect_widgets(page) -> None:
+    """Run the probe cell (the first) until its widget is drawn. A click on run that the page
+    has not taken in 30 s (no prompt change: a loaded run once dropped it) is repeated, and a
+    run of the cell is given two minutes to draw its output; the limits catch a hang."""
+    unstarted = failed = 0
+    while unstarted < 10 and failed < 5:
+        before, _ = page.evaluate(PROBE_STATE)
+        page.locator(".jp-CodeCell").first.locator(".jp-InputPrompt").click()  # select it
+        page.locator(RUN_CELL).first.click()
+        changed = f"() => ({PROBE_STATE})()[0] !== {before!r}"
+        try:
+            wait_until(page, changed, "the probe cell started", 30)
+        except AssertionError:
+            unstarted += 1
+            continue
+        ran = f"""() => {{ const [prompt, state] = ({PROBE_STATE})();
+                          return /\\d/.test(prompt) && !!state; }}"""
+        wait_until(page, ran, "the probe cell ran", 120)
+        if page.evaluate(PROBE_STATE)[1] == "drawn":
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            with (ARTIFACTS / "probe-reruns.txt").open("a") as log:  # how often each hit
+                log.write(f"clicks not taken {unstarted}, widget not drawn {failed}\n")
+            return
+        failed += 1
+    raise AssertionError(
+        f"the probe widget was not drawn: {unstarted} clicks on run not taken, {failed} runs "
+        "that drew no widget"
+    )
 
 
 def _accept_any_dialog(page) -> list[str]:
@@ -245,6 +304,31 @@ def _accept_any_dialog(page) -> list[str]:
     return [text]
 
 
+PROMPTS = """() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))
+                       .map(p => p.textContent.trim())"""
+
+
+def wait_until(page, condition: str, what: str, timeout: float = RUN_TIMEOUT) -> None:
+    """Wait for the page's ``condition`` (a JavaScript function) to hold, answering any dialog
+    that comes up meanwhile (JupyterLab's "Select Kernel" has come up after Run All began).
+    At the limit (a hang, not slowness) fail with what the page showed: its dialogs, the
+    cells' prompts and the end of their outputs, and a screenshot."""
+    dialogs: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not page.evaluate(condition):
+        dialogs += _accept_any_dialog(page)
+        if time.monotonic() > deadline:
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "stuck.png"))
+            outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+            raise AssertionError(
+                f"{what}: not after {timeout:.0f} s; dialogs answered {dialogs}; prompts "
+                f"{page.evaluate(PROMPTS)}; outputs end {outputs[-1500:]!r}; the page: "
+                f"{ARTIFACTS / 'stuck.png'}"
+            )
+        time.sleep(0.5)
+
+
 def run_all_and_watch(page, url: str) -> dict:
     """Open the lesson, run every cell from the Run menu, and watch the first launch's panel
     while that cell runs. Returns what was seen."""
@@ -254,7 +338,7 @@ def run_all_and_watch(page, url: str) -> dict:
     clock = launch.evaluate(WATCH_CELL)  # the browser's clock, in seconds, at Run All
     deadline = time.monotonic() + RUN_TIMEOUT
     run_all(page, lambda: page.wait_for_function(ANY_PROMPT_RAN, timeout=60_000))
-    page.wait_for_function("() => window.nbaccelSeen.ended !== null", timeout=RUN_TIMEOUT * 1000)
+    wait_until(page, "() => window.nbaccelSeen.ended !== null", "the launch cell ended")
     seen = page.evaluate("() => window.nbaccelSeen")
     panels = [  # each distinct panel: when (s after Run All), drawn during training?
         {
@@ -267,11 +351,12 @@ def run_all_and_watch(page, url: str) -> dict:
     ended = round(seen["ended"] - clock, 1)
     # then the rest of the notebook: no cell left queued or running (hidden inputs show no
     # prompt, so look for the pending ones)
-    page.wait_for_function(
+    wait_until(
+        page,
         """() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))
                      .every(p => !/\\[( |\\*)\\]/.test(p.textContent))""",
-        timeout=max(deadline - time.monotonic(), 1) * 1000,
-        polling=500,
+        "every cell ran",
+        max(deadline - time.monotonic(), 1),
     )
     outputs = page.locator(".jp-OutputArea-output").all_inner_texts()
     _, text, images = launch.evaluate(READ_CELL)
@@ -341,7 +426,7 @@ def whatif_notebook() -> dict:
          "execution_count": None}
         for i, source in enumerate([WHATIF_INPUTS, panel])
     ]  # fmt: skip
-    return {**lesson, "cells": cells}
+    return {**lesson, "cells": [PROBE_CELL, *cells]}
 
 
 # the panel's figure: a plain image output (display id) that the controls update in place
@@ -360,7 +445,11 @@ def test_the_whatif_panel_is_a_widget_that_redraws(server, browser, front_end, p
         page.goto(f"{url}{path}/{WHATIF}")
         page.locator(".jp-CodeCell").first.wait_for(timeout=90_000)
         run_all(page, lambda: page.wait_for_function(ANY_PROMPT_RAN, timeout=60_000))
-        page.locator(".widget-dropdown select").wait_for(timeout=RUN_TIMEOUT * 1000)
+        wait_until(
+            page,
+            "() => document.querySelector('.widget-dropdown select') !== null",
+            "the what-if panel's controls showed",
+        )
         first = panel_image(page)
         for label in ("model size x", "compute faster x", "accumulation", "workers up to"):
             assert page.locator(".widget-slider", has_text=label).count() == 1, label
