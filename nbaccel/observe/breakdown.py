@@ -151,8 +151,9 @@ class Breakdown:
         """Time ``model``'s forward as compute: its ``forward`` wrapped (``TimedForward``),
         or with ``hooks`` as the first of its pre-hooks and the last of its hooks, so that a
         sharded model's own gathering before and after counts inside. The wrapper costs the
-        step less: a module with hooks takes ``nn.Module``'s slower call path (about 3 us
-        against 1 for the wrapper, hot, on the 2-core machine)."""
+        step less: a module with hooks takes ``nn.Module``'s slower call path (the breakdown's
+        cost, on over off, in ``benchmarks/results/overhead-cpu.md``: about 0.5% of a small
+        step with the wrapper, 1% with the hooks)."""
         if hooks:
             model.register_forward_pre_hook(self.before_forward, prepend=True)
             model.register_forward_hook(self.after_forward, always_call=True)
