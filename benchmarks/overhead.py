@@ -18,7 +18,7 @@ programs held the core). "raw again", a second copy of the raw loop, shows how f
 ratio strays with no difference in the code at all. nbaccel's recorder does its periodic work
 (the counters and the progress line, every quarter second) on the variant's own running time
 (``OwnClock``), as it would in a loop that runs alone: on the wall clock, the other variants'
-turns would bring that work round 7 times as often per step (it cost nbaccel 0.8-1.2% here).
+turns would bring that work round about as many times as often per step as there are variants.
 
 The time breakdown (``nbaccel.observe.breakdown``, on by default) is measured as a pair: "nbaccel"
 with it and "nbaccel, no breakdown" (``NBACCEL_BREAKDOWN=0``), and the paired ratio of the two in
@@ -139,8 +139,8 @@ def nbaccel_loop(steps: int, accum: int, precision: str, clock=None):
 class OwnClock:
     """A variant's own running time: it advances only inside ``with clock:`` (the variant's
     turns). nbaccel's recorder does its periodic work (the counters, the progress line) every
-    quarter second of its clock; on the wall clock, in turns with 6 other variants, that work
-    would fall on a loop's steps 7 times as often as it does when the loop runs alone."""
+    quarter second of its clock; on the wall clock, in turns with N variants, that work would
+    fall on a loop's steps about N times as often as it does when the loop runs alone."""
 
     def __init__(self) -> None:
         self.elapsed, self._since = 0.0, None

@@ -79,7 +79,7 @@ WIDGET_TEXT = re.compile(
 )
 SETTINGS = {  # JupyterLab's user settings for the test's server
     # every cell in the page, not only those scrolled into view; the notebook's kernel started
-    # without asking (a loaded run met "Select Kernel" after Run All had begun, and waited on it)
+    # without asking (a loaded run met "Select Kernel" after the first cell had run)
     "@jupyterlab/notebook-extension/tracker": {
         "windowingMode": "none",
         "autoStartDefaultKernel": True,
@@ -271,9 +271,7 @@ def connect_widgets(page) -> None:
         page.locator(".jp-CodeCell").first.locator(".jp-InputPrompt").click()  # select it
         page.locator(RUN_CELL).first.click()
         changed = f"() => ({PROBE_STATE})()[0] !== {before!r}"
-        try:
-            wait_until(page, changed, "the probe cell started", 30)
-        except AssertionError:
+        if not wait_until(page, changed, "the probe cell started", 30, fail=False):
             unstarted += 1
             continue
         ran = f"""() => {{ const [prompt, state] = ({PROBE_STATE})();
@@ -308,16 +306,21 @@ PROMPTS = """() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputP
                        .map(p => p.textContent.trim())"""
 
 
-def wait_until(page, condition: str, what: str, timeout: float = RUN_TIMEOUT) -> None:
+def wait_until(
+    page, condition: str, what: str, timeout: float = RUN_TIMEOUT, fail: bool = True
+) -> bool:
     """Wait for the page's ``condition`` (a JavaScript function) to hold, answering any dialog
-    that comes up meanwhile (JupyterLab's "Select Kernel" has come up after Run All began).
-    At the limit (a hang, not slowness) fail with what the page showed: its dialogs, the
-    cells' prompts and the end of their outputs, and a screenshot."""
+    that comes up meanwhile (JupyterLab's "Select Kernel" has come up after a cell ran). At
+    the limit (a hang, not slowness) fail with what the page showed: its dialogs, the cells'
+    prompts and the end of their outputs, and a screenshot; or with ``fail=False`` return
+    False."""
     dialogs: list[str] = []
     deadline = time.monotonic() + timeout
     while not page.evaluate(condition):
         dialogs += _accept_any_dialog(page)
         if time.monotonic() > deadline:
+            if not fail:
+                return False
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "stuck.png"))
             outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
@@ -327,6 +330,7 @@ def wait_until(page, condition: str, what: str, timeout: float = RUN_TIMEOUT) ->
                 f"{ARTIFACTS / 'stuck.png'}"
             )
         time.sleep(0.5)
+    return True
 
 
 def run_all_and_watch(page, url: str) -> dict:
