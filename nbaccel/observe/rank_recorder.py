@@ -221,14 +221,22 @@ def _new_view() -> LiveView:
 
 
 def _rss_mib() -> float | None:
-    """This process's resident set size in MiB (about 20 us, read a few times a second); None
-    where the platform will not say. The process alone, not its children: see ``channel.RSS``."""
+    """This process's resident set size in MiB, read a few times a second; None where the
+    platform will not say. The process alone, not its children: see ``channel.RSS``. Its
+    ``psutil.Process`` is kept (a new one reads ``/proc`` for its start time: about half of the
+    counters' periodic cost), and made anew in a forked child, whose PID differs."""
+    global _this_process
     import psutil  # not at import time: a worker that never records need not load it
 
     try:
-        return psutil.Process().memory_info().rss / 2**20
+        if _this_process is None or _this_process.pid != os.getpid():
+            _this_process = psutil.Process()
+        return _this_process.memory_info().rss / 2**20
     except (psutil.Error, OSError):
         return None
+
+
+_this_process: Any = None  # psutil.Process of this PID, once read
 
 
 def _peak_memory_mb(device: Any) -> float:

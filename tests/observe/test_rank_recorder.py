@@ -3,6 +3,8 @@ second pace and never per step. The clock is the test's, so no verdict depends o
 
 from __future__ import annotations
 
+import os
+
 import psutil
 import torch
 
@@ -61,6 +63,29 @@ def test_rss_is_this_process_resident_set_size_in_mib():
     after = recorder.run.latest(RSS)[0]
     del block
     assert after - before >= 150, (before, after)
+
+
+def test_a_forked_child_reads_its_own_rss_not_its_parents():
+    """The recorder keeps its process handle between readings: a child forked after a reading
+    (a worker forked from a process that recorded) must read itself, not the PID it inherited.
+    The child writes 300 MiB that its parent never holds."""
+    from nbaccel.observe.rank_recorder import _rss_mib
+
+    assert _rss_mib() is not None  # read once here: the handle is this process's
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no torch, no pytest, just the reading
+        try:
+            block = b"x" * (300 * 2**20)
+            own = psutil.Process(os.getpid()).memory_info().rss / 2**20
+            os.write(write, f"{_rss_mib()} {own} {len(block)}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        reported, own, _ = pipe.read().split()
+    os.waitpid(pid, 0)
+    assert abs(float(reported) - float(own)) < 50, (reported, own)
 
 
 def test_a_platform_that_will_not_say_records_no_rss():
