@@ -46,7 +46,15 @@ def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -
     """Move every tensor inside tuples, lists, dicts and named tuples to ``device``. A tensor
     already there is kept as it is, as ``to`` would keep it, without calling ``to``: the
     prepared DataLoader's batches on the CPU cost no operator call (an ``aten::to`` in every
-    profile of a step)."""
+    profile of a step). The common batch, a tuple or list of tensors all already there (a CPU
+    run's), is returned as it is, without walking it a second time."""
+    kind = type(obj)
+    if kind is tuple or kind is list:
+        for t in obj:
+            if type(t) is not torch.Tensor or t.device != device:
+                break
+        else:
+            return obj
     return map_tensors(
         obj, lambda t: t if t.device == device else t.to(device, non_blocking=non_blocking)
     )

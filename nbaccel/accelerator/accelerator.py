@@ -142,6 +142,7 @@ class Accelerator(PartialState):
         cpu = launch.cpu if cpu is None else cpu
         super().__init__(cpu=cpu, **self.handlers.asked("init"))  # rank, device, process group
         self._breakdown = breakdown.for_device(self.device)  # where the time goes, or None
+        self._computing = breakdown.computing(self._breakdown)  # backward's span, made once
         try:
             self.strategy = kind(chosen, self, mixed_precision, precision_given, plugin)
             self.precision = self.strategy.precision
@@ -270,7 +271,7 @@ class Accelerator(PartialState):
         Pass the loss of one micro-batch as it is: do not divide it yourself.
         """
         self._window.backward()
-        with breakdown.computing(self._breakdown):  # DDP's waiting for gradients taken out
+        with self._computing:  # DDP's waiting for gradients taken out
             self.strategy.backward(loss, self.sync_gradients, **kwargs)
 
     def accumulate(self, *models: torch.nn.Module) -> MicroBatch:

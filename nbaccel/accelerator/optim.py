@@ -39,6 +39,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.window = window
         self.precision = precision
         self.breakdown = breakdown  # times step() as compute
+        self._computing = computing(breakdown)  # the span (or nothing), made once
         window.track(optimizer)
         self.step_was_skipped = False  # fp16 found inf/NaN gradients on the last real step
         self.stepped = False  # the last step() call changed the weights
@@ -71,7 +72,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if not self.window.sync_gradients:
             self.stepped = False  # mid-window: keep accumulating
             return None
-        with computing(self.breakdown):
+        with self._computing:
             self.stepped = self.precision.step(self.optimizer, closure)
         self.step_was_skipped = not self.stepped
         self.window.stepped(self.optimizer, self.stepped)

@@ -119,7 +119,9 @@ class Breakdown:
     def __enter__(self) -> Breakdown:
         self._depth += 1
         if self._depth == 1:
-            self._span = self.now()
+            self._span = now = self.clock()  # now(), inline: three spans a step
+            if self.start is None:
+                self.start = now
             self._ready = None
             if self._events is not None:
                 self._events.begin()

@@ -79,6 +79,20 @@ def test_send_to_device_calls_no_operator_for_a_tensor_already_there():
     assert [t.device.type for t in meta] == ["meta", "meta"]
 
 
+def test_send_to_device_moves_a_flat_batch_with_one_tensor_elsewhere():
+    """A tuple or list of tensors all on the device comes back as it is; one tensor elsewhere,
+    or anything that is not a tensor, and the batch is walked and moved as before."""
+    meta = torch.device("meta")
+    there, here = torch.ones(2, device=meta), torch.ones(2)
+    mixed = send_to_device((there, here), meta)
+    assert type(mixed) is tuple and [t.device.type for t in mixed] == ["meta", "meta"]
+    assert mixed[0] is there  # kept, not copied
+    with_text = send_to_device([here, "text", 3], meta)
+    assert type(with_text) is list and with_text[0].device == meta and with_text[1:] == ["text", 3]
+    nested = send_to_device((there, (here,)), meta)
+    assert nested[1][0].device == meta
+
+
 def test_the_loader_knows_its_last_batch():
     state = LoopState()
     loader = PreparedDataLoader(DataLoader(range(5), batch_size=2), torch.device("cpu"), state)
