@@ -1,0 +1,210 @@
+"""Where do nbaccel's per-step costs come from? ``overhead.py``'s loop with one part at a time.
+
+``overhead.py`` compares whole loops; this one builds raw PyTorch's loop and swaps in one
+piece of nbaccel at a time: the prepared DataLoader (with the recorder's counting and the time
+breakdown, as ``prepare`` makes it, and without them), the prepared optimizer, the prepared
+model, ``accelerator.backward``; then every piece but ``accumulate``, then nbaccel's whole
+loop. Same model, data, modes and method as ``overhead.py`` (``run_lockstep``: every variant
+built afresh each round, turns of 4 steps in an order shuffled for every turn, each variant's
+periodic work on its own clock), so the ratios are comparable with its table.
+
+Two more variants calibrate what Python costs in such a step: raw PyTorch's loop plus 30 or
+90 calls of small methods (each reads three attributes of its object and makes one small
+object), the kind of work a wrapper does. Their cost is measured twice: in the loop, from the
+paired ratio, and run hot (the same calls in a tight loop, the usual microbenchmark). The ratio
+of the two says how much more a wrapper's Python costs between a real step's compute, which
+leaves the caches cold, than a microbenchmark says.
+
+A variant's cost in microseconds a step: ``(1 / ratio - 1)`` times raw PyTorch's time per step
+in the same round, the median over rounds.
+
+    python benchmarks/overhead_parts.py [--rounds 30] [--modes plain bf16] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead import MODES, cell, machine, make_parts, nbaccel_loop, raw, run_lockstep, stat
+
+import nbaccel
+from nbaccel.accelerator.data.loader import PreparedDataLoader
+
+CALLS = (30, 90)  # the Python calibration's chain lengths
+
+
+def partly(*parts: str):
+    """Raw PyTorch's loop (``overhead.raw``) with nbaccel's ``parts`` swapped in: "loader",
+    "bare loader" (no recorder, no breakdown), "optimizer", "model", "backward". It steps as raw
+    does, every ``accum``-th micro-batch, without ``accumulate``; the loss is the same."""
+
+    def build(steps: int, accum: int, precision: str, clock=None):
+        accelerator = nbaccel.Accelerator(precision, gradient_accumulation_steps=accum, cpu=True)
+        if clock is not None:
+            accelerator.recorder.clock = clock
+        model, optimizer, loader = make_parts(steps)
+        if "model" in parts:
+            model = accelerator.prepare(model)  # in bf16 it autocasts its own forward
+        if "optimizer" in parts:
+            optimizer = accelerator.prepare(optimizer)
+        if "loader" in parts:
+            loader = accelerator.prepare(loader)
+        if "bare loader" in parts:
+            prepared = accelerator.prepare(loader)
+            loader = PreparedDataLoader(prepared.loader, prepared.device, prepared.state)
+        if precision == "bf16" and "model" not in parts:
+            autocast = lambda: torch.autocast("cpu", torch.bfloat16)  # noqa: E731 (raw's)
+        else:
+            autocast = contextlib.nullcontext
+        if "backward" in parts:
+            backward = accelerator.backward  # divides by accum itself
+        else:
+            backward = lambda loss: (loss / accum if accum > 1 else loss).backward()  # noqa: E731
+        while True:
+            for i, (x, y) in enumerate(loader):
+                with autocast():
+                    loss = F.cross_entropy(model(x), y)
+                backward(loss)
+                if (i + 1) % accum == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+                yield loss
+
+    return build
+
+
+def python_chain(length: int):
+    """``length`` calls, each a method of its own small class that reads three attributes of
+    its object, makes one small object and calls the next: a wrapper's kind of Python."""
+    source = []
+    for i in range(length):
+        source.append(
+            f"class Made{i}:\n    __slots__ = ()\n"
+            f"class Part{i}:\n"
+            f"    def __init__(self, following):\n"
+            f"        self.a, self.b, self.c, self.following = {i}, [{i}], {{}}, following\n"
+            f"    def __call__(self, x):\n"
+            f"        Made{i}()\n"
+            f"        return self.following(x + self.a + self.b[0] + len(self.c))\n"
+        )
+    names: dict = {}
+    exec("\n".join(source), names)  # distinct classes: distinct code and attribute lookups
+    call = lambda x: x  # noqa: E731
+    for i in reversed(range(length)):
+        call = names[f"Part{i}"](call)
+    return call
+
+
+def with_python(length: int):
+    """Raw PyTorch's loop plus ``python_chain(length)`` once a step."""
+
+    def build(steps: int, accum: int, precision: str):
+        chain = python_chain(length)
+        for loss in raw(steps, accum, precision):
+            chain(0)
+            yield loss
+
+    return build
+
+
+def hot_us(length: int, calls: int = 20000, repeats: int = 7) -> float:
+    """The chain's cost run hot, in microseconds: the median of ``repeats`` timings."""
+    chain = python_chain(length)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            chain(0)
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(times)
+
+
+def variants() -> dict:
+    return {
+        "raw": raw,
+        "raw again": raw,
+        **{f"raw + {n} Python calls": with_python(n) for n in CALLS},
+        "prepared DataLoader": partly("loader"),
+        "prepared DataLoader, no recorder or breakdown": partly("bare loader"),
+        "prepared optimizer": partly("optimizer"),
+        "prepared model": partly("model"),
+        "accelerator.backward": partly("backward"),
+        "all but accumulate": partly("loader", "optimizer", "model", "backward"),
+        "nbaccel": nbaccel_loop,
+    }
+
+
+def added_us(result: dict, name: str) -> dict:
+    """Microseconds a step that ``name`` adds to raw PyTorch's step, paired by round."""
+    mine = result["variants"][name]["per_round_steps_per_s"]
+    base = result["variants"]["raw"]["per_round_steps_per_s"]
+    return stat([(1 / m - 1 / b) * 1e6 for m, b in zip(mine, base, strict=True)], 1)
+
+
+def to_markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = [
+        f"CPU: {m['cpu']}, {m['cores']} cores; torch.set_num_threads({m['threads']}); "
+        f"torch {m['torch']}; Python {m['python']}; nbaccel {m['nbaccel']}; {m['date']}; "
+        f"1-min load {report['load']['before']:.1f} before, {report['load']['after']:.1f} after.",
+        f"{report['rounds']} rounds; `overhead.py`'s loop and method. Median (IQR) over rounds.",
+        "",
+        "| mode | variant | ratio to raw | added per step, us |",
+        "|---|---|---:|---:|",
+    ]
+    for mode, result in report["modes"].items():
+        for name, r in result["variants"].items():
+            added = "-" if name == "raw" else cell(result["added_us"][name], 1)
+            lines.append(f"| {mode} | {name} | {cell(r['ratio'], 3)} | {added} |")
+    lines += ["", "Python calibration: the same chain run hot, and in the loop (plain mode):", ""]
+    lines += [
+        "| calls | hot, us | in the loop, us | in the loop over hot |",
+        "|---:|---:|---:|---:|",
+    ]
+    plain = report["modes"].get("plain") or next(iter(report["modes"].values()))
+    for n in CALLS:
+        hot, in_loop = report["hot_us"][str(n)], plain["added_us"][f"raw + {n} Python calls"]
+        lines.append(f"| {n} | {hot:.1f} | {cell(in_loop, 1)} | {in_loop['median'] / hot:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default="benchmarks/results/overhead-parts-cpu.json")
+    args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2, for a median and quartiles")
+    torch.set_num_threads(args.threads)
+    report = {"machine": machine(args.threads), "rounds": args.rounds, "modes": {}}
+    report["load"] = {"before": os.getloadavg()[0]}
+    report["hot_us"] = {str(n): round(hot_us(n), 2) for n in CALLS}
+    for mode in args.modes:
+        result = run_lockstep(mode, variants(), args.rounds, None)
+        result["added_us"] = {name: added_us(result, name) for name in result["variants"]}
+        report["modes"][mode] = result
+    report["load"]["after"] = os.getloadavg()[0]
+    text = to_markdown(report)
+    print("\n" + text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".md").write_text("# Per-step cost, part by part, on CPU\n\n" + text)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
