@@ -69,10 +69,6 @@ class Recorder:
             self.run = local_run.get() or Run(world_size=1)
             if env.is_distributed:
                 self.run.label = f"rank {env.rank} of {env.world_size}"
-        if device is not None and self.run is not None and self.run.device is None:
-            self.run.device = device_label(device.type)
-        if device is not None and device.type == "cuda" and memory is None:
-            memory = functools.partial(_peak_memory_mb, device)
         self.channel = Channel.from_environ(env.rank, self.run)
         self._live = bool(live) and self.run is not None and env.rank == 0
         self._view: LiveView | None = None if isinstance(live, bool | int) else live
@@ -89,6 +85,18 @@ class Recorder:
         self._accumulation = 1
         if total_steps is not None:
             self.total_steps = total_steps
+        self.on_device(device)
+
+    def on_device(self, device: Any) -> None:
+        """The loop's device, also when told after the recorder was made (a tracker's first
+        ``log`` before ``LiveTracker.watch``): it names the run's device and, on CUDA, gives the
+        peak memory, where nothing did yet."""
+        if device is None:
+            return
+        if self.run is not None and self.run.device is None:
+            self.run.device = device_label(device.type)
+        if device.type == "cuda" and self._memory is None:
+            self._memory = functools.partial(_peak_memory_mb, device)
 
     @property
     def total_steps(self) -> int | None:

@@ -13,11 +13,12 @@ SAMPLES, BATCH, EPOCHS, ACCUMULATION = 96, 8, 2, 2
 
 
 def accelerate_loop(
-    track: bool = True, watch: bool = True, hook: str | None = None, nbaccel: bool = False
+    track: bool = True, watch: int = 1, hook: str | None = None, nbaccel: bool = False
 ) -> list[torch.Tensor]:
     """The course's Accelerate loop: regression, accumulation 2, log every micro-batch.
     ``hook``: "after" registers a communication hook of the user's after the watch (it
     counts its calls), "accelerate" has Accelerate register its fp16 hook in ``prepare``.
+    ``watch``: how many times the loader is watched (2: a notebook cell run twice).
     ``nbaccel``: the same code with ``from nbaccel import Accelerator`` (the port back)."""
     from accelerate import Accelerator as HF
     from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
@@ -40,7 +41,7 @@ def accelerate_loop(
     accelerator = (Ours if nbaccel else HF)(**options)
     accelerator.init_trackers("lesson")
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    if watch:
+    for _ in range(int(watch)):
         loader = LiveTracker.watch(accelerator, model, optimizer, loader)
     calls = []
     if hook == "after":

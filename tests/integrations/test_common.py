@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from nbaccel import Run
+from nbaccel.env import CHANNEL_VAR, METRICS_DIR_VAR
 from nbaccel.observe.channel import (
     TIME_COMMUNICATION,
     TIME_COMPUTE,
@@ -15,6 +16,7 @@ from nbaccel.observe.channel import (
     UNMEASURED,
     Record,
 )
+from nbaccel.observe.hf import common
 from nbaccel.observe.hf.common import empty_hint, numbers
 from nbaccel.observe.live.panel import Panel
 from nbaccel.observe.live.view import LiveView
@@ -76,6 +78,20 @@ def test_an_empty_run_closes_with_the_hint_and_a_recorded_one_without():
     run.add([Record(0, 0, 1e9, "loss", 1.0)])
     view.close(run)
     assert "never said" not in view.frontend.texts
+
+
+def test_a_log_before_the_watch_still_names_the_runs_device(monkeypatch):
+    # LiveTracker.log makes this process's recorder without a device; the watch, after it,
+    # knows the device: the run must be named by it, as when the watch came first
+    monkeypatch.delenv(CHANNEL_VAR, raising=False)
+    monkeypatch.delenv(METRICS_DIR_VAR, raising=False)
+    first = common.recorder()
+    try:
+        assert first.run.device is None
+        assert common.recorder(device=torch.device("cpu")) is first
+        assert first.run.device == "CPU"
+    finally:
+        common.close()
 
 
 def test_a_part_not_measured_apart_is_said_under_the_bars():

@@ -58,6 +58,17 @@ def test_tracker_and_watch_record_every_rank_and_change_no_number(without, tmp_p
     assert Run.from_json(run.to_json(tmp_path / "run.json")).latest(SAMPLES) == run.latest(SAMPLES)
 
 
+def test_a_second_watch_replaces_the_first_and_counts_nothing_twice(without):
+    # a notebook cell that watches run twice: the samples, steps and communication once
+    run = Run()
+    values = launch(True, 2, run=run)
+    assert same(values[0][:-1], without[0][:-1]) and same(values[1][:-1], without[1][:-1])
+    assert run.latest(SAMPLES) == {0: DATA * EPOCHS / 2, 1: DATA * EPOCHS / 2}
+    assert run.latest(STEPS) == {0: BATCHES / ACCUMULATION, 1: BATCHES / ACCUMULATION}
+    assert run.unmeasured() == []
+    assert all(parts["communication"] > 0 for parts in run.breakdown().values())
+
+
 def test_the_tracker_alone_draws_rank_0s_loss_and_counts_nothing(without):
     run = Run()
     values = launch(True, False, run=run)

@@ -19,9 +19,12 @@ _current: list[Recorder] = []  # this process's recorder for a loop that is not 
 
 
 def recorder(device: Any = None) -> Recorder:
-    """This process's recorder, made on first use (again after ``close``)."""
+    """This process's recorder, made on first use (again after ``close``); ``device`` names
+    its device if the first use did not (a ``log`` before the watch)."""
     if not _current:
         _current.append(Recorder(device=device))
+    else:
+        _current[0].on_device(device)
     return _current[0]
 
 

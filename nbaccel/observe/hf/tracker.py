@@ -42,6 +42,7 @@ launches there); nbaccel's own Accelerator times CUDA with events.
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -110,13 +111,23 @@ class LiveTracker(GeneralTracker):
     @staticmethod
     def watch(accelerator: Any, model: Any, optimizer: Any, dataloader: Any) -> Any:
         """Count and time this rank's loop (call it on every rank, after ``prepare``); returns
-        the loader to iterate. See the module's docstring for what is timed, and how."""
+        the loader to iterate. See the module's docstring for what is timed, and how. A second
+        watch of the same model and optimizer (a cell run again) replaces the first: nothing
+        is counted twice."""
         return _watch(accelerator, model, optimizer, dataloader)
 
 
 def _watch(accelerator: Any, model: Any, optimizer: Any, dataloader: Any) -> Any:
     if getattr(accelerator, "recorder", None) is not None:
         return dataloader  # nbaccel's own Accelerator counts and times its loop already
+    # Watched again (a notebook cell run twice): the new watch replaces the old one, so every
+    # sample and step is counted once, not once per watch.
+    if isinstance(dataloader, _Watched):
+        dataloader = dataloader.loader
+    inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wraps torch's
+    for hooked in (model, inner):
+        for handle in _hooks.pop(hooked, ()):
+            handle.remove()
     device = accelerator.device
     recorder = common.recorder(device=device)
     if accelerator.gradient_accumulation_steps > 1:
@@ -124,18 +135,20 @@ def _watch(accelerator: Any, model: Any, optimizer: Any, dataloader: Any) -> Any
     breakdown = for_device(device) if device.type == "cpu" else None
     recorder.breakdown = breakdown
     spans = _Spans(breakdown)
-    model.register_forward_pre_hook(spans.forward, prepend=True)
+    _hooks[model] = [model.register_forward_pre_hook(spans.forward, prepend=True)]
 
     def stepped(*_: Any) -> None:
         spans.close()
         recorder.count(optimizer_steps=1)
 
-    inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wraps torch's
-    inner.register_step_post_hook(stepped)
+    _hooks[inner] = [inner.register_step_post_hook(stepped)]
     distributed = accelerator.num_processes > 1
     if breakdown is not None and distributed and not _hook_ddp(model, spans):
         common.unmeasured(recorder, "communication")
     return _Watched(dataloader, recorder, spans)
+
+
+_hooks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model, optimizer: a watch's
 
 
 class _Spans:
@@ -209,6 +222,10 @@ def _hook_ddp(model: Any, spans: _Spans) -> bool:
 
     if not isinstance(model, DistributedDataParallel):
         return False
+    ours = getattr(model.__dict__.get("register_comm_hook"), "__self__", None)
+    if isinstance(ours, _CommHook):  # an earlier watch's hook, which DDP keeps: it times these
+        ours.spans = spans
+        return True
     comm = _CommHook(spans, model.process_group)
     try:
         model.register_comm_hook(comm, _timed_hook)
