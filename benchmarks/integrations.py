@@ -52,7 +52,6 @@ import gc
 import hashlib
 import inspect
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -64,7 +63,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import REBUILD, cell, machine, make_parts, stat  # the same loop and machine
+from overhead import REBUILD, cell, machine, make_parts, stat, write  # the same loop and machine
 
 import nbaccel
 
@@ -617,13 +616,7 @@ def main() -> None:
         report["trainer"] = run_trainer(args.trainer_rounds, args.trainer_steps)
         report["trainer"]["attribution"] = trainer_attribution(ATTRIBUTION_RUNS, args.trainer_steps)
     load["after"] = os.getloadavg()[0]
-    text = to_markdown(report)
-    print("\n" + text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    out.with_suffix(".md").write_text("# What the integrations cost a step, on CPU\n\n" + text)
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    write(Path(args.out), report, to_markdown(report), "What the integrations cost a step,")
 
 
 if __name__ == "__main__":

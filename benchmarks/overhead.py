@@ -623,13 +623,17 @@ def main() -> None:
         report["versions"] = {n: __import__(n).__version__ for n in TRACKERS if n in trackers}
         report["trackers"] = run_trials("plain", trackers, args.rounds, args.steps)
     load["after"] = os.getloadavg()[0]
-    text = to_markdown(report)
-    print("\n" + text)
     name = "trackers-cpu.json" if args.only == "trackers" else "overhead-cpu.json"
-    out = Path(args.out or Path("benchmarks/results") / name)
+    title = "Experiment trackers' cost" if args.only == "trackers" else "Training-loop overhead"
+    write(Path(args.out or Path("benchmarks/results") / name), report, to_markdown(report), title)
+
+
+def write(out: Path, report: dict, text: str, title: str) -> None:
+    """Print the Markdown table, and write the report as JSON to ``out`` and the table, under
+    ``title``, beside it (``.md``)."""
+    print("\n" + text)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-    title = "Experiment trackers' cost" if args.only == "trackers" else "Training-loop overhead"
     out.with_suffix(".md").write_text(f"# {title} on CPU\n\n" + text)
     print(f"wrote {out} and {out.with_suffix('.md')}")
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -36,7 +35,17 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import MODES, cell, machine, make_parts, nbaccel_loop, raw, run_lockstep, stat
+from overhead import (
+    MODES,
+    cell,
+    machine,
+    make_parts,
+    nbaccel_loop,
+    raw,
+    run_lockstep,
+    stat,
+    write,
+)  # fmt: skip
 
 import nbaccel
 from nbaccel.accelerator.data.loader import PreparedDataLoader
@@ -197,13 +206,7 @@ def main() -> None:
         result["added_us"] = {name: added_us(result, name) for name in result["variants"]}
         report["modes"][mode] = result
     report["load"]["after"] = os.getloadavg()[0]
-    text = to_markdown(report)
-    print("\n" + text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    out.with_suffix(".md").write_text("# Per-step cost, part by part, on CPU\n\n" + text)
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    write(Path(args.out), report, to_markdown(report), "Per-step cost, part by part,")
 
 
 if __name__ == "__main__":
