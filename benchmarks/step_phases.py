@@ -5,14 +5,15 @@ getting the batch from the DataLoader, entering ``accumulate``, the forward and 
 backward, the optimizer's step, ``zero_grad`` and leaving ``accumulate``. The loop and the
 model are ``overhead.py``'s (MLP 512 wide, batch 64, SGD, one thread), in its plain mode, with
 its method: each round builds every variant afresh, then they take turns 4 steps at a time in
-an order shuffled for every turn. A phase's time is this thread's CPU time between two clock
+an order shuffled for every turn, nbaccel's recorder pacing its periodic work on the variant's
+own running time (``OwnClock``). A phase's time is this thread's CPU time between two clock
 readings around it (``time.thread_time``: a few hundred nanoseconds a reading, the same in
 every variant); the figure is the median over rounds of the paired difference to raw PyTorch,
 in microseconds a step, with its interquartile range. "raw again" is the noise floor.
 
 Its steps start with cold caches, as a real step does after the step before (the weights and
 gradients, 4 MiB, are larger than a core's L2): a framework's Python costs several times what
-the same calls cost in a hot microbenchmark.
+the same calls cost in a hot microbenchmark (``overhead_parts.py`` measures by how much).
 
     python benchmarks/step_phases.py [--rounds 30] [--out benchmarks/results/step-phases-cpu.json]
 """
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import BLOCK, calibrate, cell, machine, make_parts, stat, turns, warm_up
+from overhead import BLOCK, OwnClock, calibrate, cell, machine, make_parts, stat, turns, warm_up
 
 import nbaccel
 from nbaccel.env import BREAKDOWN_VAR
@@ -66,11 +67,12 @@ def raw(steps: int, spent: list[float]):
             yield
 
 
-def accelerated(steps: int, spent: list[float], breakdown: bool):
+def accelerated(steps: int, spent: list[float], breakdown: bool, clock: OwnClock):
     """nbaccel's step (``overhead.py``'s loop), ``accumulate`` entered and left by hand so that
-    both are timed."""
+    both are timed; its recorder's periodic work paced by ``clock``, as in ``overhead.py``."""
     os.environ[BREAKDOWN_VAR] = "1" if breakdown else "0"  # read when the Accelerator is made
     accelerator = nbaccel.Accelerator(cpu=True, live=False)
+    accelerator.recorder.clock = clock
     model, optimizer, loader = accelerator.prepare(*make_parts(steps))
     while True:
         batches = iter(loader)
@@ -104,10 +106,10 @@ def add(spent: list[float], *moments: float) -> None:
 
 
 VARIANTS = {
-    "raw": raw,
-    "raw again": raw,
-    "nbaccel": lambda steps, spent: accelerated(steps, spent, breakdown=True),
-    "nbaccel, no breakdown": lambda steps, spent: accelerated(steps, spent, breakdown=False),
+    "raw": lambda steps, spent, clock: raw(steps, spent),
+    "raw again": lambda steps, spent, clock: raw(steps, spent),
+    "nbaccel": lambda steps, spent, clock: accelerated(steps, spent, True, clock),
+    "nbaccel, no breakdown": lambda steps, spent, clock: accelerated(steps, spent, False, clock),
 }
 
 
@@ -119,13 +121,17 @@ def measure(rounds: int) -> dict:
     try:
         for _ in range(rounds):
             spent = {name: [0.0] * len(PHASES) for name in VARIANTS}
-            runs = {name: build(steps, spent[name]) for name, build in VARIANTS.items()}
+            clocks = {name: OwnClock() for name in VARIANTS}
+            runs = {
+                name: build(steps, spent[name], clocks[name]) for name, build in VARIANTS.items()
+            }
             warm_up(runs)
             for name in VARIANTS:
                 spent[name][:] = [0.0] * len(PHASES)  # the warm-up is not counted
             for name in turns(runs, steps, order):
-                for _ in range(BLOCK):
-                    next(runs[name])
+                with clocks[name]:
+                    for _ in range(BLOCK):
+                        next(runs[name])
             for name in VARIANTS:
                 per_step[name].append([s / steps * 1e6 for s in spent[name]])
     finally:
