@@ -231,8 +231,8 @@ def _new_view() -> LiveView:
 def _rss_mib() -> float | None:
     """This process's resident set size in MiB, read a few times a second; None where the
     platform will not say. The process alone, not its children: see ``channel.RSS``. Its
-    ``psutil.Process`` is kept (a new one reads ``/proc`` for its start time: about half of the
-    counters' periodic cost), and made anew in a forked child, whose PID differs."""
+    ``psutil.Process`` is kept (a new one reads ``/proc`` again for its start time), and made
+    anew in a forked child, whose PID differs."""
     global _this_process
     import psutil  # not at import time: a worker that never records need not load it
 

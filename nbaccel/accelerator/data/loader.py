@@ -237,7 +237,7 @@ class PreparedDataLoader:
                 yielded += 1
                 self._progress = (begun, yielded)
                 yield batch
-                asked = None if breakdown is None else breakdown.now()
+                asked = self._asked()
                 current = following
             self.epoch += 1
             if self.on_end is not None:
