@@ -161,6 +161,17 @@ def test_the_batch_script_can_be_read_before_it_is_submitted(tmp_path):
     assert "srun" in script and f"{tmp_path}/%j" in script
 
 
+def test_each_launch_gets_a_job_folder_of_its_own_even_if_a_job_id_recurs(tmp_path):
+    # A cluster whose state was reset hands out job IDs again: a folder named by the ID alone
+    # held an older job's rendezvous file and results (the second node joined a dead port and
+    # the launch hung). Each launch's folder carries a tag of its own.
+    cluster = SlurmCluster(folder=tmp_path)
+    first, second = cluster.job_folder(), cluster.job_folder()
+    assert first != second and first.parent == second.parent == tmp_path
+    assert first.name.startswith("%j-") and second.name.startswith("%j-")
+    assert str(first).replace("%j", "16") != str(second).replace("%j", "16")
+
+
 def test_without_slurm_the_error_says_where_to_run(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
     with pytest.raises(NbaccelError, match="no SLURM commands on PATH"):

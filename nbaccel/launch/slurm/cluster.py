@@ -7,6 +7,7 @@ The options are ``sbatch``'s; submitit turns them into the batch script (``execu
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,8 +29,10 @@ class SlurmCluster:
             config --slurm-account``'s.
         gpus_per_node: GPUs on each node (``--gpus-per-node``); one process per GPU is usual.
         cpus_per_task: CPUs for each node's task, which runs all of that node's processes.
-        folder: where job folders go (``folder/<job id>``); every node must see it (a shared
-            filesystem: your home or the cluster's scratch, not /tmp).
+        folder: where job folders go (``folder/<job id>-<launch tag>``: a job ID can recur, on
+            a cluster whose state was reset, and a folder must never hold an older job's files);
+            every node must see it (a shared filesystem: your home or the cluster's scratch, not
+            /tmp).
         **options: any other ``sbatch`` option, named as on its command line without the dashes
             (``mem="16G"``, ``constraint="a100"``, ``qos="high"``).
     """
@@ -79,9 +82,14 @@ class SlurmCluster:
         executor.update_parameters(**parameters)
         return executor
 
+    def job_folder(self) -> Path:
+        """A new launch's job folder, as a template for submitit and ``sbatch``: ``%j`` (the
+        job ID, which SLURM may hand out again) and a tag of this launch alone."""
+        return self.folder / f"%j-{secrets.token_hex(4)}"
+
     def batch_script(self, num_nodes: int = 1) -> str:
         """The batch script ``sbatch`` gets, to read before anything is submitted."""
-        executor = self.executor(num_nodes, self.folder / "%j")
+        executor = self.executor(num_nodes, self.job_folder())
         return executor._make_submission_file_text(executor._submitit_command_str, "preview")
 
 

@@ -1,8 +1,8 @@
 """The job folder, the cluster path's one channel between the notebook and the nodes.
 
-``folder/<job id>`` is created readable and writable by the user alone (0700). Besides
-submitit's files (the batch script, the pickled call, each node task's log and result), the
-launch's processes exchange these there while the job runs:
+``folder/<job id>-<launch tag>`` is created readable and writable by the user alone (0700).
+Besides submitit's files (the batch script, the pickled call, each node task's log and
+result), the launch's processes exchange these there while the job runs:
 
 - ``metrics-<rank>.bin``: each rank's records, appended batch by batch (``observe/channel.py``);
 - ``rank-<rank>.error.json``: a failed rank's error (rank, node, traceback);

@@ -23,11 +23,12 @@ watches the job through ``squeue`` (pending, running, its reason) and, once the 
 the queue, reads each task's result from the job folder; a task without a result is explained
 by ``scontrol show job`` (TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL).
 
-The job folder is the channel: ``folder/<job id>``, created readable by the user alone (0700),
-holds the batch script, the pickled call, each task's log and result, and each failed rank's
-error. Nothing listens on the network for the notebook; torch's rendezvous between the nodes is
-the only traffic, as under torchrun. What the job writes there while it runs is sealed with a
-secret made for this launch, and the notebook drops and logs what lacks the seal (``folder.py``).
+The job folder is the channel: ``folder/<job id>-<launch tag>`` (a job ID can recur; the tag
+does not), created readable by the user alone (0700), holds the batch script, the pickled call,
+each task's log and result, and each failed rank's error. Nothing listens on the network for
+the notebook; torch's rendezvous between the nodes is the only traffic, as under torchrun. What
+the job writes there while it runs is sealed with a secret made for this launch, and the
+notebook drops and logs what lacks the seal (``folder.py``).
 
 Clocks: the records carry each node's ``time.time()``, and rates and the run's timing compare
 them across nodes, as SLURM itself assumes synchronized clocks (NTP, chrony). A node whose
@@ -86,10 +87,11 @@ def launch(payload: bytes, environ: dict, nproc: int, num_nodes: int, cluster: S
             )
             watch = _Watch(job, folder, key, step, run=run, view=view)
         else:
-            executor = cluster.executor(num_nodes, cluster.folder / "%j")
-            template = str(cluster.folder / "%j")
-            job = executor.submit(run_node, payload, nproc, environ, template)
-            watch = _Watch(job, cluster.folder / str(job.job_id), key, run=run, view=view)
+            template = cluster.job_folder()
+            executor = cluster.executor(num_nodes, template)
+            job = executor.submit(run_node, payload, nproc, environ, str(template))
+            folder = Path(str(template).replace("%j", str(job.job_id)))
+            watch = _Watch(job, folder, key, run=run, view=view)
     finally:
         os.umask(umask)
     watch.nodes, watch.world_size = num_nodes, num_nodes * nproc
