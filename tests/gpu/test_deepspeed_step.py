@@ -10,6 +10,8 @@ yet).
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -17,7 +19,12 @@ from ..accelerator.strategies.test_deepspeed_step import compare, loop
 from ..distributed import run_ranks
 from .common import GPU
 
-pytestmark = GPU
+pytestmark = [
+    *GPU,
+    pytest.mark.skipif(
+        importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed, not installed here"
+    ),
+]
 
 FP16_TOLERANCE = 1e-3
 
