@@ -1,6 +1,6 @@
 """The GPU benchmarks of ``make gpu-check``: overhead, AMP, launch and the projection on CUDA.
 
-Four parts, each with fixed round counts sized so that all four take about 4-6 minutes on one
+Five parts, each with fixed round counts sized so that all five take about 4-6 minutes on one
 H200 (the sizing is in ``ROUNDS`` and ``TRIAL_SECONDS`` below):
 
 * ``overhead``: one training loop per framework (raw PyTorch, nbaccel, HF Accelerate when it
@@ -21,13 +21,17 @@ H200 (the sizing is in ``ROUNDS`` and ``TRIAL_SECONDS`` below):
   that ``nbaccel.lab.projection`` takes as its input; then the projection it gives for 1-8 GPUs
   on each preset link. With 2 GPUs or more, ``projection.calibrate`` (2 workers, NCCL)
   checks the projected DDP step against a measured one.
+* ``step``: what a small step pays on CUDA, cause by cause: lesson 5's step with nbaccel's
+  breakdown on and off (its CUDA events), and overhead.py's loop with the batch copied to the
+  device blocking or not (``DataLoaderConfiguration(non_blocking=True)``), nbaccel and HF
+  Accelerate beside raw PyTorch.
 
 Method: every variant of a part runs in this one process, round-robin (the first variant
 rotates each round), the same number of steps per trial, on objects rebuilt every few rounds;
 ``torch.cuda.synchronize`` brackets each trial. Medians and interquartile ranges (IQR) over
 rounds; ratios are paired (variant over baseline in the same round).
 
-    PYTHONPATH=. python3 benchmarks/gpu.py [--parts overhead amp launch projection]
+    PYTHONPATH=. python3 benchmarks/gpu.py [--parts overhead amp launch projection step]
     PYTHONPATH=. python3 benchmarks/gpu.py --device cpu --smoke   # every part, once, on CPU
 
 Without CUDA it says in one line that it measured nothing and exits 0. ``--device cpu
@@ -42,6 +46,7 @@ import contextlib
 import datetime
 import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -49,6 +54,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -59,17 +65,19 @@ from overhead import BATCH, LR, WIDTH, accelerator_epoch, make_parts, revision
 
 import nbaccel
 from nbaccel import projection
+from nbaccel.env import BREAKDOWN_VAR
 from nbaccel.lessons import MLP, gradient_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PARTS = ("overhead", "amp", "launch", "projection")
+PARTS = ("overhead", "amp", "launch", "projection", "step")
 # Rounds per part and seconds of the slowest (fp32) or baseline variant per trial. On an H200:
 # overhead 4 modes x 4 variants x 15 rounds x ~0.25 s ~ 60 s + rebuilds and warm-ups ~ 90 s;
 # amp 5 models x 3 precisions x 7 rounds x <= 0.25 s ~ 30 s + memory passes and warm-ups ~ 60 s;
 # launch ~2 variants x 7 rounds x ~1-2 s (CUDA starts in each forked worker) ~ 30 s;
-# projection 2 variants x 15 rounds x 0.2 s ~ 6 s (+ ~30 s for calibrate with 2+ GPUs).
-ROUNDS = {"overhead": 15, "amp": 7, "launch": 7, "projection": 15}
-TRIAL_SECONDS = {"overhead": 0.25, "amp": 0.25, "projection": 0.2}
+# projection 2 variants x 15 rounds x 0.2 s ~ 6 s (+ ~30 s for calibrate with 2+ GPUs);
+# step (3 + 7 variants) x 15 rounds x ~0.25 s ~ 40 s + rebuilds and warm-ups ~ 50 s.
+ROUNDS = {"overhead": 15, "amp": 7, "launch": 7, "projection": 15, "step": 15}
+TRIAL_SECONDS = {"overhead": 0.25, "amp": 0.25, "projection": 0.2, "step": 0.2}
 REBUILD = 5  # rounds between fresh models, optimizers and loaders
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -135,7 +143,7 @@ def steps_for(build, seconds: float, device: torch.device, least: int, multiple:
 
 
 # -- part 1: overhead against raw PyTorch -------------------------------------------------------
-def raw_loop(device: torch.device, accum: int, precision: str):
+def raw_loop(device: torch.device, accum: int, precision: str, non_blocking: bool = True):
     def build(steps: int):
         model, optimizer, loader = make_parts(steps)
         model.to(device)  # before any step: SGD holds the same parameters, moved in place
@@ -145,7 +153,10 @@ def raw_loop(device: torch.device, accum: int, precision: str):
 
         def epoch() -> float:
             for i, (x, y) in enumerate(loader):
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                x, y = (
+                    x.to(device, non_blocking=non_blocking),
+                    y.to(device, non_blocking=non_blocking),
+                )
                 with autocast():
                     loss = F.cross_entropy(model(x), y)
                 scaled = loss / accum if accum > 1 else loss
@@ -164,17 +175,22 @@ def raw_loop(device: torch.device, accum: int, precision: str):
     return build
 
 
-def nbaccel_loop(device: torch.device, accum: int, precision: str):
+def nbaccel_loop(device: torch.device, accum: int, precision: str, breakdown: bool = True,
+                 **options):  # fmt: skip
+    """``options``: more of the Accelerator's arguments (``dataloader_config``); ``breakdown=
+    False``: built with ``NBACCEL_BREAKDOWN=0``."""
+
     def build(steps: int):
-        accelerator = nbaccel.Accelerator(
-            precision, gradient_accumulation_steps=accum, cpu=device.type == "cpu"
-        )
+        with breakdown_off(not breakdown):
+            accelerator = nbaccel.Accelerator(
+                precision, gradient_accumulation_steps=accum, cpu=device.type == "cpu", **options
+            )
         return accelerator_epoch(accelerator, *accelerator.prepare(*make_parts(steps)))
 
     return build
 
 
-def accelerate_loop(device: torch.device, accum: int, precision: str):
+def accelerate_loop(device: torch.device, accum: int, precision: str, **options):
     def build(steps: int):
         from accelerate import Accelerator
         from accelerate.state import AcceleratorState, GradientState
@@ -183,7 +199,7 @@ def accelerate_loop(device: torch.device, accum: int, precision: str):
         GradientState._reset_state()  # would refuse a new mode
         accelerator = Accelerator(
             mixed_precision=precision, gradient_accumulation_steps=accum,
-            cpu=device.type == "cpu",
+            cpu=device.type == "cpu", **options,
         )  # fmt: skip
         return accelerator_epoch(accelerator, *accelerator.prepare(*make_parts(steps)))
 
@@ -485,7 +501,14 @@ def launch_markdown(result: dict) -> list[str]:
 
 
 # -- part 4: the projection's input, measured on one GPU ----------------------------------------
-def lesson5_trial(device: torch.device, through_nbaccel: bool):
+def breakdown_off(off: bool):
+    """``NBACCEL_BREAKDOWN=0`` while an Accelerator is made (it reads it then), if ``off``."""
+    return mock.patch.dict(os.environ, {BREAKDOWN_VAR: "0"}) if off else contextlib.nullcontext()
+
+
+def lesson5_trial(device: torch.device, through_nbaccel: bool, breakdown: bool = True):
+    """Lesson 5's step on a batch already on the device: plain PyTorch, or through nbaccel's
+    Accelerator (with its breakdown, or built without it)."""
     hidden, batch = LESSON5["hidden"], LESSON5["batch"]
 
     def build(steps: int):
@@ -494,7 +517,8 @@ def lesson5_trial(device: torch.device, through_nbaccel: bool):
         optimizer = torch.optim.SGD(model.parameters(), lr=LESSON5["lr"],
                                     momentum=LESSON5["momentum"])  # fmt: skip
         if through_nbaccel:
-            accelerator = nbaccel.Accelerator(cpu=device.type == "cpu")
+            with breakdown_off(not breakdown):
+                accelerator = nbaccel.Accelerator(cpu=device.type == "cpu")
             model, optimizer = accelerator.prepare(model, optimizer)
             backward, on = accelerator.backward, accelerator.device
         else:
@@ -617,6 +641,84 @@ def projection_markdown(result: dict) -> list[str]:
     return lines
 
 
+# -- part 5: what a small step pays on CUDA, cause by cause -------------------------------------
+def step_groups(device: torch.device) -> dict:
+    """Two groups of variants, each against its first: lesson 5's step on a batch already on
+    the device (what the breakdown's CUDA events cost), and overhead.py's loop over a DataLoader
+    of CPU tensors (what a blocking copy of each batch costs; nbaccel and HF Accelerate copy
+    blocking unless ``DataLoaderConfiguration(non_blocking=True)`` or ``pin_memory=True``)."""
+    groups = {
+        "lesson 5's step, batch on the device": {
+            "plain PyTorch": lesson5_trial(device, False),
+            "nbaccel": lesson5_trial(device, True),
+            "nbaccel, breakdown off": lesson5_trial(device, True, breakdown=False),
+        },
+        "overhead.py's MLP, a CPU batch copied each step": {
+            "raw, to(device, non_blocking=True)": raw_loop(device, 1, "no"),
+            "raw, to(device)": raw_loop(device, 1, "no", non_blocking=False),
+            "nbaccel": nbaccel_loop(device, 1, "no"),
+            "nbaccel, non_blocking=True": nbaccel_loop(
+                device,
+                1,
+                "no",
+                dataloader_config=nbaccel.DataLoaderConfiguration(non_blocking=True),
+            ),
+            "nbaccel, non_blocking=True, breakdown off": nbaccel_loop(
+                device,
+                1,
+                "no",
+                breakdown=False,
+                dataloader_config=nbaccel.DataLoaderConfiguration(non_blocking=True),
+            ),
+        },
+    }
+    with contextlib.suppress(ImportError):
+        from accelerate.utils import DataLoaderConfiguration
+
+        loader = groups["overhead.py's MLP, a CPU batch copied each step"]
+        loader["HF Accelerate"] = accelerate_loop(device, 1, "no")
+        loader["HF Accelerate, non_blocking=True"] = accelerate_loop(
+            device, 1, "no", dataloader_config=DataLoaderConfiguration(non_blocking=True)
+        )
+    return groups
+
+
+def step_part(device: torch.device, rounds: int, smoke: bool) -> dict:
+    groups = {}
+    for group, builders in step_groups(device).items():
+        base = next(iter(builders))
+        steps = 4 if smoke else steps_for(builders[base], TRIAL_SECONDS["step"], device, 16, 4)
+        times = interleaved(builders, steps, rounds, device)
+        groups[group] = {
+            "steps_per_trial": steps,
+            "baseline": base,
+            "variants": {
+                name: {
+                    "us_per_step": stat([t / steps * 1e6 for t in ts], 1),
+                    "ratio": stat([b / t for b, t in zip(times[base], ts, strict=True)], 4),
+                }
+                for name, ts in times.items()
+            },
+        }
+        print(f"step, {group}: {steps} steps a trial, done", flush=True)
+    return {"rounds": rounds, "groups": groups}
+
+
+def step_markdown(result: dict) -> list[str]:
+    lines = [
+        f"{result['rounds']} interleaved rounds per group; microseconds per step, median (IQR); "
+        "speed: the group's first variant's time over the variant's, paired by round (1.000 is "
+        "as fast). Each loop does forward, backward and SGD's step every step; the second "
+        "group's batches come from a DataLoader of CPU tensors (batch 64, 512 wide).",
+    ]
+    for group, g in result["groups"].items():
+        lines += ["", f"**{group}** ({g['steps_per_trial']} steps a trial)", "",
+                  "| variant | us per step | speed |", "|---|---:|---:|"]  # fmt: skip
+        lines += [f"| {name} | {cell(v['us_per_step'], 1)} | {cell(v['ratio'], 3)} |"
+                  for name, v in g["variants"].items()]  # fmt: skip
+    return lines
+
+
 # -- the run ------------------------------------------------------------------------------------
 def cell(s: dict, digits: int) -> str:
     (q1, q3), f = s["iqr"], f".{digits}f"
@@ -656,11 +758,12 @@ TITLES = {
     "amp": "fp32, bf16 and fp16: throughput and peak memory",
     "launch": "Launch time with CUDA initialised in the launching process",
     "projection": "The projection's input measured on one GPU",
+    "step": "What a small step pays on CUDA: the breakdown's events and a blocking batch copy",
 }
 MARKDOWN = {"overhead": overhead_markdown, "amp": amp_markdown, "launch": launch_markdown,
-            "projection": projection_markdown}  # fmt: skip
+            "projection": projection_markdown, "step": step_markdown}  # fmt: skip
 RUN = {"overhead": overhead_part, "amp": amp_part, "launch": launch_part,
-       "projection": projection_part}  # fmt: skip
+       "projection": projection_part, "step": step_part}  # fmt: skip
 
 
 def header(m: dict, smoke: bool) -> str:

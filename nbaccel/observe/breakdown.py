@@ -41,8 +41,9 @@ What is not measured, and lands in compute instead:
 CUDA: host clocks time only the launching of asynchronous kernels. On a CUDA device the compute
 spans are CUDA events recorded on the current stream at their boundaries (and at each gradient
 bucket's readiness), read when they have completed (``Event.query()``) at the next record:
-never a synchronisation per step. Data and nbaccel's collectives keep host clocks (they block
-the host anyway). This path has not run on a GPU in nbaccel's tests.
+never a synchronisation per step, and no new event after the first steps. Data and nbaccel's
+collectives keep host clocks (they block the host anyway). The GPU tier (``tests/gpu``) runs this
+path.
 
 Off: ``NBACCEL_BREAKDOWN=0`` times nothing and wraps or hooks nothing (``for_device`` returns
 None).
@@ -50,7 +51,9 @@ None).
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -74,7 +77,9 @@ def for_device(device: torch.device) -> Breakdown | None:
     """This rank's breakdown, on CUDA timed by events; None when switched off."""
     if not enabled():
         return None
-    return Breakdown(events=_Events() if device.type == "cuda" else None)
+    if device.type != "cuda":
+        return Breakdown()
+    return Breakdown(events=_Events(functools.partial(timing_event, device)))
 
 
 class Breakdown:
@@ -256,18 +261,21 @@ class _Events:
     """Compute spans on a CUDA device, as events on the current stream, read once complete.
 
     Each span records a start, its last bucket's readiness (if any) and an end; ``resolve``
-    adds up the spans whose end has completed, in order, without waiting for the others.
+    adds up the spans whose end has completed, in order, without waiting for the others. Events
+    that have been read are recorded again: a step makes none after the first few.
+
+    ``make`` makes a timing event (``timing_event``); a test gives its own.
     """
 
-    def __init__(self) -> None:
-        self._pending: list[tuple[Any, Any, Any]] = []
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._pending: collections.deque[tuple[Any, Any, Any]] = collections.deque()
+        self._spare: list[Any] = []  # read, free to record again
         self._start: Any = None
         self._ready: Any = None
 
     def _record(self) -> Any:
-        import torch
-
-        event = torch.cuda.Event(enable_timing=True)
+        event = self._spare.pop() if self._spare else self._make()
         event.record()
         return event
 
@@ -275,18 +283,37 @@ class _Events:
         self._start, self._ready = self._record(), None
 
     def ready(self) -> None:
+        if self._ready is not None:
+            self._spare.append(self._ready)  # an earlier bucket's, not read: only the last counts
         self._ready = self._record()
 
     def end(self, breakdown: Breakdown) -> None:
         self._pending.append((self._start, self._ready, self._record()))
+        self._start = self._ready = None
         if len(self._pending) > 64:  # between records: drop the events already read
             self.resolve(breakdown)
 
     def resolve(self, breakdown: Breakdown) -> None:
         while self._pending and self._pending[0][2].query():
-            start, ready, end = self._pending.pop(0)
+            start, ready, end = self._pending.popleft()
             breakdown.compute += start.elapsed_time(end) / 1000  # milliseconds
             if ready is not None:
                 waited = ready.elapsed_time(end) / 1000
                 breakdown.communication += waited
                 breakdown._inside += waited
+                self._spare.append(ready)
+            self._spare += (start, end)
+
+
+def timing_event(device: torch.device) -> Any:
+    """A CUDA event that times, recorded on ``device``'s current stream by ``record()``.
+
+    ``torch.Event`` finds the current stream in C++; ``torch.cuda.Event.record()`` asks Python's
+    ``torch.cuda.current_stream()``, which cost more than the event itself (on an H200 machine,
+    lesson 5's step went from 0.98 of plain PyTorch with the breakdown off to 0.84 with it on,
+    six records a step: ``benchmarks/results/gpu-breakdown.md``)."""
+    import torch
+
+    if hasattr(torch, "Event"):
+        return torch.Event(device=device, enable_timing=True)
+    return torch.cuda.Event(enable_timing=True)  # older torch: through the current stream

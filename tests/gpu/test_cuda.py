@@ -1,5 +1,6 @@
 """One process on CUDA: placement, fp16 with the GradScaler, bf16, the live view's peak memory,
-and save_state/load_state; each against plain PyTorch on the same GPU."""
+the time breakdown's events, and save_state/load_state; each against plain PyTorch on the same
+GPU (the breakdown against CUDA's own events)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from nbaccel import Accelerator
-from nbaccel.observe.channel import MEMORY
+from nbaccel.observe.channel import MEMORY, TIME_COMPUTE, TIME_LOOP
 from nbaccel.observe.live.line import progress
 
 from ..accelerator.test_multiprocess import make_data, make_model, resume
@@ -131,6 +132,43 @@ def test_the_live_view_shows_the_peak_gpu_memory():
     assert list(shown) == [0]
     assert 64 <= shown[0] <= peak, (shown, peak)
     assert f"GPU peak {shown[0]:,.0f} MiB" in progress(accelerator.run)
+
+
+class Spin(nn.Module):
+    """A forward that keeps the GPU busy for ``cycles`` clock cycles (its launch returns at
+    once): host clocks around it would time almost nothing."""
+
+    def __init__(self, cycles: int) -> None:
+        super().__init__()
+        self.cycles, self.weight = cycles, nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.cuda._sleep(self.cycles)
+        return x * self.weight
+
+
+def test_the_breakdown_times_the_gpus_work_by_its_events():
+    """The loop is almost all spinning on the GPU, timed apart by CUDA's own events around it
+    (one reference for the whole loop: the GPU's clock rises while it runs, so a spin timed
+    before the loop can take twice as long as one inside it, as a first GPU run showed)."""
+    cycles, steps = 20_000_000, 5  # 10 to 60 ms a forward, by the clock
+    accelerator = Accelerator(live=False)
+    model = Spin(cycles)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.ones(1, device=accelerator.device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        accelerator.backward(model(x).sum())
+        optimizer.step()
+        optimizer.zero_grad()
+    end.record()
+    torch.cuda.synchronize()
+    on_gpu = start.elapsed_time(end) / 1000  # seconds
+    counters = accelerator._breakdown.counters()
+    # host clocks would give microseconds (the launches); the events give the spinning
+    assert counters[TIME_COMPUTE] >= 0.9 * on_gpu, (counters, on_gpu)
+    assert counters[TIME_COMPUTE] <= counters[TIME_LOOP]
 
 
 def test_save_state_then_load_state_on_cuda_continues_bit_identically(tmp_path):

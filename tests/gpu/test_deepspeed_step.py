@@ -4,8 +4,8 @@ loss scaler skips steps on overflow, and NCCL.
 The CPU tier (``tests/accelerator/strategies/test_deepspeed_step.py``) runs the same loop
 against Accelerate in float32 on gloo; fp16 under DeepSpeed needs CUDA. Both libraries drive
 the same engine with the same kernels, so the records should agree to fp16's rounding of the
-loss at most; ``FP16_TOLERANCE`` is that allowance, not a measured gap (no GPU has run this
-yet).
+loss at most; ``FP16_TOLERANCE`` is that allowance, not a measured gap. Both stages passed on one
+H200 (2026-12-04, DeepSpeed 0.19.8); the gap itself was not printed.
 """
 
 from __future__ import annotations

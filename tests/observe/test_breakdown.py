@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from nbaccel import notebook_launcher
 from nbaccel.env import BREAKDOWN_VAR
-from nbaccel.observe.breakdown import Breakdown
+from nbaccel.observe.breakdown import Breakdown, _Events
 from nbaccel.observe.channel import (
     BREAKDOWN,
     TIME_COMMUNICATION,
@@ -109,6 +109,50 @@ def test_compute_spans_nest_and_the_waiting_after_the_last_bucket_is_communicati
         TIME_COMMUNICATION: 3.0,
         TIME_LOOP: 7.0,
     }
+
+
+class FakeEvent:
+    """A CUDA event's stand-in: ``record()`` notes the (made-up) GPU time it will complete at;
+    ``query()`` is true once the GPU has got that far."""
+
+    gpu = 0.0  # how far the GPU has got, in seconds
+    made = 0
+
+    def __init__(self) -> None:
+        FakeEvent.made += 1
+        self.at: float | None = None
+
+    def record(self) -> None:
+        self.at = FakeEvent.clock
+
+    def query(self) -> bool:
+        return self.at is not None and self.at <= FakeEvent.gpu
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return (end.at - self.at) * 1000  # milliseconds, as CUDA's
+
+
+def test_cuda_spans_are_read_once_complete_in_order_and_their_events_recorded_again():
+    FakeEvent.made, FakeEvent.gpu = 0, 0.0
+    b = Breakdown(events=_Events(FakeEvent))
+    for step in range(200):  # the GPU runs a step behind: each span takes 2 s, its bucket 0.5
+        FakeEvent.clock = 2.0 * step
+        with b:
+            FakeEvent.clock += 1.0
+            b.bucket_ready()  # an earlier bucket's readiness: not the one that counts
+            FakeEvent.clock += 0.5
+            b.bucket_ready()
+            FakeEvent.clock += 0.5
+        FakeEvent.gpu = 2.0 * step  # the spans before this one have completed
+        b.counters()  # reads what has completed, waits for nothing
+    # 199 spans read, this step's not yet: 2 s each, 0.5 s after its last bucket
+    assert b.compute == pytest.approx(199 * 2.0)
+    assert b.communication == pytest.approx(199 * 0.5)
+    assert b.counters()[TIME_COMPUTE] == pytest.approx(199 * 1.5)
+    assert FakeEvent.made <= 8  # 4 a span, 200 spans: recorded again, not made anew
+    FakeEvent.gpu = 400.0
+    b.counters()
+    assert b.compute == pytest.approx(200 * 2.0)
 
 
 @pytest.mark.parametrize("hooks", [False, True])
