@@ -18,6 +18,19 @@ from typing import Any
 from nbaccel.env import find_free_port
 
 
+def move_the_meeting() -> None:
+    """In a rank, while its process group lives: agree on a fresh port for the next group, so
+    that no rank meets at the old store while rank 0 still closes it. A group destroyed and made
+    again at once in the same processes on the same port is a race (torch's): a rank that gets
+    there first joins the old store or its old gloo pairs and fails with "Connection closed" or
+    "Connection reset by peer"."""
+    import torch.distributed as dist
+
+    port = [find_free_port()]
+    dist.broadcast_object_list(port, src=0)  # rank 0 hosts the store: its port wins
+    os.environ["MASTER_PORT"] = str(port[0])  # this rank's own environment (a child process)
+
+
 def run_ranks(
     fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 180
 ) -> list:

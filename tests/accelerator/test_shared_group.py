@@ -8,16 +8,13 @@ the error messages, never in timing.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
 
 from nbaccel import Accelerator, NbaccelError, PartialState
-from nbaccel.env import find_free_port
 
-from ..distributed import run_ranks
+from ..distributed import move_the_meeting, run_ranks
 
 pytestmark = pytest.mark.multiprocess
 
@@ -28,14 +25,6 @@ def collected(state: PartialState) -> tuple[float, list[float], bool]:
     ranks = state.gather(torch.tensor([float(state.rank)])).tolist()
     state.wait_for_everyone()
     return total, ranks, state.check_trigger()
-
-
-def move_the_meeting() -> None:
-    """While the group lives, agree on a fresh port for the next one, so no rank meets at the
-    old store while another still closes it (a group made again at once in one process)."""
-    port = [find_free_port()]
-    dist.broadcast_object_list(port, src=0)  # rank 0 hosts the store: its port wins
-    os.environ["MASTER_PORT"] = str(port[0])  # this rank's own environment (a child process)
 
 
 def raised(call) -> str:
