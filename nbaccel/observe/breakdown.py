@@ -309,9 +309,10 @@ def timing_event(device: torch.device) -> Any:
     """A CUDA event that times, recorded on ``device``'s current stream by ``record()``.
 
     ``torch.Event`` finds the current stream in C++; ``torch.cuda.Event.record()`` asks Python's
-    ``torch.cuda.current_stream()``, which cost more than the event itself (on an H200 machine,
-    lesson 5's step went from 0.98 of plain PyTorch with the breakdown off to 0.84 with it on,
-    six records a step: ``benchmarks/results/gpu-breakdown.md``)."""
+    ``torch.cuda.current_stream()``, which cost more than the event itself. On an H200, lesson
+    5's step through nbaccel was 0.84 of plain PyTorch with a new ``torch.cuda.Event`` for each
+    of its six records a step, 0.98 with the breakdown off (a development run); 0.95 with these
+    events (``benchmarks/results/gpu-step.md``, and ``benchmarks/README.md``)."""
     import torch
 
     if hasattr(torch, "Event"):

@@ -115,7 +115,8 @@ class FakeEvent:
     """A CUDA event's stand-in: ``record()`` notes the (made-up) GPU time it will complete at;
     ``query()`` is true once the GPU has got that far."""
 
-    gpu = 0.0  # how far the GPU has got, in seconds
+    clock = 0.0  # the GPU time of the work queued so far, in seconds
+    gpu = 0.0  # how far the GPU has got
     made = 0
 
     def __init__(self) -> None:
@@ -133,7 +134,7 @@ class FakeEvent:
 
 
 def test_cuda_spans_are_read_once_complete_in_order_and_their_events_recorded_again():
-    FakeEvent.made, FakeEvent.gpu = 0, 0.0
+    FakeEvent.made, FakeEvent.gpu, FakeEvent.clock = 0, 0.0, 0.0
     b = Breakdown(events=_Events(FakeEvent))
     for step in range(200):  # the GPU runs a step behind: each span takes 2 s, its bucket 0.5
         FakeEvent.clock = 2.0 * step
