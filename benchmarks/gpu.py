@@ -29,7 +29,8 @@ H200 (the sizing is in ``ROUNDS`` and ``TRIAL_SECONDS`` below):
 Method: every variant of a part runs in this one process, round-robin (the first variant
 rotates each round), the same number of steps per trial, on objects rebuilt every few rounds;
 ``torch.cuda.synchronize`` brackets each trial. Medians and interquartile ranges (IQR) over
-rounds; ratios are paired (variant over baseline in the same round).
+rounds; ratios are paired (variant over baseline in the same round). nbaccel's recorder does
+its quarter-second work on its variant's own running time (``paced``), as in ``overhead.py``.
 
     PYTHONPATH=. python3 benchmarks/gpu.py [--parts overhead amp launch projection step]
     PYTHONPATH=. python3 benchmarks/gpu.py --device cpu --smoke   # every part, once, on CPU
@@ -61,7 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benchmarks, by name
-from overhead import BATCH, LR, WIDTH, accelerator_epoch, make_parts, revision
+from overhead import BATCH, LR, WIDTH, OwnClock, accelerator_epoch, make_parts, revision
 
 import nbaccel
 from nbaccel import projection
@@ -185,9 +186,25 @@ def nbaccel_loop(device: torch.device, accum: int, precision: str, breakdown: bo
             accelerator = nbaccel.Accelerator(
                 precision, gradient_accumulation_steps=accum, cpu=device.type == "cpu", **options
             )
-        return accelerator_epoch(accelerator, *accelerator.prepare(*make_parts(steps)))
+        return paced(
+            accelerator, accelerator_epoch(accelerator, *accelerator.prepare(*make_parts(steps)))
+        )
 
     return build
+
+
+def paced(accelerator, trial):
+    """``trial``, with ``accelerator``'s recorder paced on the trial's own running time
+    (``overhead.OwnClock``): on the wall clock, in turns with N variants, its quarter-second work
+    would fall on its steps about N times as often as in a loop that runs alone."""
+    clock = OwnClock()
+    accelerator.recorder.clock = clock
+
+    def run():
+        with clock:
+            return trial()
+
+    return run
 
 
 def accelerate_loop(device: torch.device, accum: int, precision: str, **options):
@@ -534,7 +551,7 @@ def lesson5_trial(device: torch.device, through_nbaccel: bool, breakdown: bool =
                 optimizer.zero_grad()
             return 0.0
 
-        return trial
+        return paced(accelerator, trial) if through_nbaccel else trial
 
     return build
 
