@@ -47,7 +47,6 @@ import contextlib
 import datetime
 import gc
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -55,18 +54,25 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benchmarks, by name
-from overhead import BATCH, LR, WIDTH, OwnClock, accelerator_epoch, make_parts, revision
+from overhead import (
+    BATCH,
+    LR,
+    WIDTH,
+    OwnClock,
+    accelerator_epoch,
+    breakdown_off,
+    make_parts,
+    revision,
+)
 
 import nbaccel
 from nbaccel import projection
-from nbaccel.env import BREAKDOWN_VAR
 from nbaccel.lessons import MLP, gradient_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -518,11 +524,6 @@ def launch_markdown(result: dict) -> list[str]:
 
 
 # -- part 4: the projection's input, measured on one GPU ----------------------------------------
-def breakdown_off(off: bool):
-    """``NBACCEL_BREAKDOWN=0`` while an Accelerator is made (it reads it then), if ``off``."""
-    return mock.patch.dict(os.environ, {BREAKDOWN_VAR: "0"}) if off else contextlib.nullcontext()
-
-
 def lesson5_trial(device: torch.device, through_nbaccel: bool, breakdown: bool = True):
     """Lesson 5's step on a batch already on the device: plain PyTorch, or through nbaccel's
     Accelerator (with its breakdown, or built without it)."""

@@ -56,6 +56,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -157,17 +158,16 @@ class OwnClock:
         self._since = None
 
 
+def breakdown_off(off: bool = True):
+    """``NBACCEL_BREAKDOWN=0`` while an Accelerator is made (it reads it then), if ``off``;
+    the variable as it was afterwards."""
+    return mock.patch.dict(os.environ, {BREAKDOWN_VAR: "0"}) if off else contextlib.nullcontext()
+
+
 def nbaccel_without_breakdown(steps: int, accum: int, precision: str, clock=None):
     """nbaccel with its time breakdown switched off, as ``NBACCEL_BREAKDOWN=0`` does."""
-    saved = os.environ.get(BREAKDOWN_VAR)
-    os.environ[BREAKDOWN_VAR] = "0"  # read once, when the Accelerator is made
-    try:
+    with breakdown_off():
         return nbaccel_loop(steps, accum, precision, clock)
-    finally:
-        if saved is None:
-            os.environ.pop(BREAKDOWN_VAR)
-        else:
-            os.environ[BREAKDOWN_VAR] = saved
 
 
 def accelerate_loop(steps: int, accum: int, precision: str):
