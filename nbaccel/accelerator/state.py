@@ -324,8 +324,8 @@ class PartialState:
         group = self._group() if self._group is not None else None
         holders = _holding(group)
         if self in holders and len(holders) > 1:
-            # An Accelerator dropped without end_training lives on in reference cycles until
-            # the collector runs: collect it now, while the group it may use still lives.
+            # An Accelerator dropped in a reference cycle lives until collected: collect it now,
+            holders.clear()  # while its group lives (this list's references would keep it)
             gc.collect()
             holders = _holding(group)
         try:

@@ -95,6 +95,15 @@ def holders_and_strangers() -> dict:
     accelerator.end_training()
     seen["group after the live one ended"] = dist.is_initialized()
 
+    # One dropped in a reference cycle, which only the collector frees, holds nothing either.
+    cycle = Accelerator(live=False)
+    cycle.itself = cycle
+    del cycle
+    accelerator = Accelerator(live=False)
+    move_the_meeting()
+    accelerator.end_training()
+    seen["group after the live one ended, a cycle dropped"] = dist.is_initialized()
+
     # The group destroyed behind the Accelerators' backs: their collectives say so.
     accelerator = Accelerator(live=False)
     move_the_meeting()
@@ -118,6 +127,7 @@ def test_a_group_is_destroyed_by_its_last_holder_and_never_silently_missing():
         assert seen["state"] == (2.0, [0.0, 1.0], False)
         assert not seen["group after the state left"]
         assert not seen["group after the live one ended"]
+        assert not seen["group after the live one ended, a cycle dropped"]
         assert "reduce: the process group this Accelerator used was destroyed" in seen["destroyed"]
         assert "wait_for_everyone (a barrier): the process group" in seen["barrier"]
         assert seen["user's group after both ended"]
