@@ -142,7 +142,7 @@ class Accelerator(PartialState):
         cpu = launch.cpu if cpu is None else cpu
         super().__init__(cpu=cpu, **self.handlers.asked("init"))  # rank, device, process group
         self._breakdown = breakdown.for_device(self.device)  # where the time goes, or None
-        self._computing = breakdown.computing(self._breakdown)  # backward's span, made once
+        self._timed = breakdown.timed(self._breakdown)  # runs backward as a compute span
         try:
             self.strategy = kind(chosen, self, mixed_precision, precision_given, plugin)
             self.precision = self.strategy.precision
@@ -157,6 +157,7 @@ class Accelerator(PartialState):
         )
         self.run = self.recorder.run  # the records, kept here when no launcher listens
         self._loop = LoopState()
+        self._micro_batch = MicroBatch(self._window, self._loop, self.strategy.no_sync, ())
         self._total_steps: int | None = None
         views.register(self)  # AcceleratorState() and GradientState() find it
 
@@ -266,13 +267,10 @@ class Accelerator(PartialState):
 
     # -- the training step -----------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, divided by ``gradient_accumulation_steps`` and scaled for fp16.
-
-        Pass the loss of one micro-batch as it is: do not divide it yourself.
-        """
+        """``loss.backward()``, divided by ``gradient_accumulation_steps`` and scaled for fp16:
+        pass the loss of one micro-batch as it is, without dividing it yourself."""
         self._window.backward()
-        with self._computing:  # DDP's waiting for gradients taken out
-            self.strategy.backward(loss, self.sync_gradients, **kwargs)
+        self._timed(self.strategy.backward, loss, self._window.sync_gradients, **kwargs)
 
     def accumulate(self, *models: torch.nn.Module) -> MicroBatch:
         """One micro-batch of a gradient-accumulation window.
@@ -282,8 +280,9 @@ class Accelerator(PartialState):
         (``no_sync``) and the prepared optimizer's ``step()`` does nothing. The
         ``GradientAccumulationPlugin`` changes when windows end and sync.
         """
-        held = models if self.strategy.holds_sync else ()  # no_sync: nothing to hold back
-        return MicroBatch(self._window, self._loop, self.no_sync, held)
+        if models and self.strategy.holds_sync:
+            return MicroBatch(self._window, self._loop, self.strategy.no_sync, models)
+        return self._micro_batch  # no no_sync to enter: one block serves every call
 
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None):
         """Train or evaluate on batches that do not divide evenly among the ranks (torch's

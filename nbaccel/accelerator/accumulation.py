@@ -148,8 +148,8 @@ class MicroBatch:
 
     Args:
         window: the Accelerator's accumulation window.
-        loop: what says whether this is a prepared DataLoader's last batch
-            (``end_of_dataloader``), read on entering.
+        loop: the Accelerator's ``LoopState``: whether this is a prepared DataLoader's last
+            batch (``end_of_dataloader``), read on entering.
         no_sync: the strategy's ``no_sync(model)``.
         models: the models ``accumulate`` was given.
     """
@@ -161,8 +161,8 @@ class MicroBatch:
         self._stack: contextlib.ExitStack | None = None
 
     def __enter__(self) -> None:
-        window = self._window
-        window.advance(self._loop.end_of_dataloader)
+        window, active = self._window, self._loop.active
+        window.advance(bool(active) and active[-1].end)  # the loop's end_of_dataloader, inline
         if self._models and window.skips_sync:
             with contextlib.ExitStack() as stack:
                 for model in self._models:

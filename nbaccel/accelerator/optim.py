@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..observe.breakdown import computing
+from ..observe.breakdown import timed
 from .accumulation import AccumulationWindow
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.window = window
         self.precision = precision
         self.breakdown = breakdown  # times step() as compute
-        self._computing = computing(breakdown)  # the span (or nothing), made once
+        self._timed = timed(breakdown)  # runs step() as a compute span (or untimed)
         window.track(optimizer)
         self.step_was_skipped = False  # fp16 found inf/NaN gradients on the last real step
         self.stepped = False  # the last step() call changed the weights
@@ -72,8 +72,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if not self.window.sync_gradients:
             self.stepped = False  # mid-window: keep accumulating
             return None
-        with self._computing:
-            self.stepped = self.precision.step(self.optimizer, closure)
+        if closure is None and self.precision.scaler is None:  # precision.step, a call less
+            self._timed(self.optimizer.step)
+            self.stepped = True
+        else:
+            self.stepped = self._timed(self.precision.step, self.optimizer, closure)
         self.step_was_skipped = not self.stepped
         self.window.stepped(self.optimizer, self.stepped)
         return None

@@ -136,17 +136,45 @@ class Breakdown:
         self._depth -= 1
         if self._depth:
             return
-        ready, self._ready = self._ready, None
-        if ready is not None:
-            stacks.waiting_in(None)  # backward has returned: the all-reduces are done
         if self._events is not None:
+            if self._ready is not None:
+                self._ready = None
+                stacks.waiting_in(None)  # backward has returned: the all-reduces are done
             self._events.end(self)
             return
         end = self.clock()
-        if ready is not None:  # the waiting after the last bucket was ready
-            self.communication += end - ready
-            self._inside += end - ready
         self.compute += end - self._span
+        if self._ready is not None:
+            self._waited(end)
+
+    def _waited(self, end: float) -> None:
+        """The span's waiting after its last gradient bucket was ready (DDP's), on the host."""
+        ready, self._ready = self._ready, None
+        stacks.waiting_in(None)  # backward has returned: the all-reduces are done
+        self.communication += end - ready
+        self._inside += end - ready
+
+    def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` as a compute span: what ``with self:`` does, in one Python
+        call where the ``with`` makes two. The prepared model's forward, ``backward`` and the
+        optimizer's ``step`` take this way every step; a nested span, and CUDA's events, take
+        the ``with``."""
+        if self._depth or self._events is not None:
+            with self:
+                return fn(*args, **kwargs)
+        self._depth = 1
+        self._ready = None
+        self._span = began = self.clock()
+        if self.start is None:
+            self.start = began
+        try:
+            return fn(*args, **kwargs)
+        finally:  # __exit__, inline
+            self._depth = 0
+            end = self.clock()
+            self.compute += end - began
+            if self._ready is not None:
+                self._waited(end)
 
     def before_forward(self, module: Any, args: Any) -> None:
         self.__enter__()
@@ -206,26 +234,35 @@ class Breakdown:
         }
 
 
-class TimedForward:
-    """A model's ``forward`` run inside a compute span of ``breakdown`` (``Breakdown.watch``).
-    ``forward`` may itself be a wrapper (``AutocastForward``): the span holds it whole."""
+class TimedForward(functools.partial):
+    """A model's ``forward`` run inside a compute span of ``breakdown`` (``Breakdown.watch``):
+    ``breakdown.call`` with ``forward`` bound, a partial that C calls, so that timing costs the
+    forward one Python call (the span's). ``forward`` may itself be a wrapper
+    (``AutocastForward``): the span holds it whole."""
 
-    __slots__ = ("breakdown", "forward")
+    def __new__(cls, forward: Callable[..., Any], breakdown: Breakdown) -> TimedForward:
+        return super().__new__(cls, breakdown.call, forward)
 
-    def __init__(self, forward: Callable[..., Any], breakdown: Breakdown) -> None:
-        self.forward, self.breakdown = forward, breakdown
+    @property
+    def forward(self) -> Callable[..., Any]:
+        return self.args[0]
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with self.breakdown:
-            return self.forward(*args, **kwargs)
+    @property
+    def breakdown(self) -> Breakdown:
+        return self.func.__self__
+
+    def __reduce__(self) -> tuple:
+        return TimedForward, (self.forward, self.breakdown)
 
 
-_NOTHING = contextlib.nullcontext()
+def timed(breakdown: Breakdown | None) -> Callable[..., Any]:
+    """What runs a call as a compute span of ``breakdown`` (``Breakdown.call``), or runs it
+    untimed when the breakdown is off."""
+    return _untimed if breakdown is None else breakdown.call
 
 
-def computing(breakdown: Breakdown | None) -> contextlib.AbstractContextManager:
-    """A compute span of ``breakdown``; nothing at all when the breakdown is off."""
-    return _NOTHING if breakdown is None else breakdown
+def _untimed(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
 
 
 @contextlib.contextmanager

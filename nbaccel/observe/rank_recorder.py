@@ -148,7 +148,8 @@ class Recorder:
     def count(self, samples: int = 0, optimizer_steps: int = 0) -> None:
         self.samples += samples
         self.optimizer_steps += optimizer_steps
-        self.tick()
+        if self.clock() >= self._next_counters:  # tick()'s test first: twice a training step
+            self.tick()
 
     def tick(self) -> None:
         """Every quarter second: record the counters, send, redraw. Cheap between times."""

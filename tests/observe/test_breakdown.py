@@ -90,17 +90,29 @@ def test_a_straggler_must_still_be_one_in_the_last_seconds():
     assert run.straggler() is None
 
 
-def test_compute_spans_nest_and_the_waiting_after_the_last_bucket_is_communication():
+@pytest.mark.parametrize("way", ["with", "call"])
+def test_compute_spans_nest_and_the_waiting_after_the_last_bucket_is_communication(way):
     now = [0.0]
     b = Breakdown(clock=lambda: now[0])
-    assert b.counters() == {}  # nothing before the loop's first timed moment
-    with b:  # a backward: buckets ready at 1 and 3, all-reduces done at 5
+
+    def with_span(fn):
+        with b:
+            fn()
+
+    span = {"with": with_span, "call": b.call}[way]
+
+    def nested():  # a closure inside step: counted once
+        now[0] = 3.0
+        b.bucket_ready()
+
+    def backward():  # buckets ready at 1 and 3, all-reduces done at 5
         now[0] = 1.0
         b.bucket_ready()
-        with b:  # nested (a closure inside step): counted once
-            now[0] = 3.0
-            b.bucket_ready()
+        span(nested)
         now[0] = 5.0
+
+    assert b.counters() == {}  # nothing before the loop's first timed moment
+    span(backward)
     b.communicated(1.0)  # a gather outside any compute span
     now[0] = 7.0
     assert b.counters() == {

@@ -219,9 +219,11 @@ class PreparedDataLoader:
             finally:
                 if replaying is not None:
                     replaying.restore()  # done already, unless the sampler never ran
-            # the loop runs once a step: what it reads is read once, here
+            # the loop runs once a step: what it reads is read once, here, and the data's time
+            # is added up inline (Breakdown.waited_for_data, without its call)
             device, non_blocking, on_batch = self.device, self._non_blocking, self.on_batch
             breakdown, yielded = self.breakdown, skip
+            clock = None if breakdown is None else breakdown.clock
             while current is not _DONE:
                 following = next(batches, _DONE)  # read ahead: the wait for it is this batch's
                 if following is _DONE:  # the sampler is spent: it knows how the epoch ended
@@ -230,14 +232,14 @@ class PreparedDataLoader:
                 batch = current
                 if device is not None:
                     batch = send_to_device(current, device, non_blocking)
-                if breakdown is not None:
-                    breakdown.waited_for_data(asked)
+                if clock is not None:
+                    breakdown.data += clock() - asked
                 if on_batch is not None:
                     on_batch(samples_in(current))
                 yielded += 1
                 self._progress = (begun, yielded)
                 yield batch
-                asked = self._asked()
+                asked = None if clock is None else clock()
                 current = following
             self.epoch += 1
             if self.on_end is not None:

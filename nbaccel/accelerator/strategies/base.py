@@ -119,7 +119,10 @@ class Strategy:
         """``loss.backward()`` for one micro-batch, a share of the window's step."""
         if self.accumulation_steps > 1:
             loss = loss / self.accumulation_steps
-        self.precision.backward(loss, **kwargs)
+        if self.precision.scaler is None:  # nothing to scale: precision.backward, a call less
+            loss.backward(**kwargs)
+        else:
+            self.precision.backward(loss, **kwargs)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float) -> Any:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
@@ -136,7 +139,8 @@ class Strategy:
         if not keep_autocast:
             forward = model.__dict__.get("forward")
             if isinstance(forward, TimedForward) and isinstance(forward.forward, AutocastForward):
-                forward.forward = forward.forward.forward  # still timed, no longer autocast
+                # still timed, no longer autocast
+                model.forward = TimedForward(forward.forward.forward, forward.breakdown)
             elif isinstance(forward, AutocastForward):
                 del model.__dict__["forward"]
         return model
@@ -203,7 +207,13 @@ class AutocastForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with self.precision.autocast():
             out = self.forward(*args, **kwargs)
-        return map_tensors(out, lambda t: t.float() if t.is_floating_point() else t)
+        if type(out) is torch.Tensor:  # the common output: _float32 without map_tensors
+            return out.float() if out.is_floating_point() else out
+        return map_tensors(out, _float32)
+
+
+def _float32(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.is_floating_point() else t
 
 
 def trainable(model: torch.nn.Module) -> bool:
