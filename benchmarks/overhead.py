@@ -36,15 +36,19 @@ MLflow's queue), so that work is counted in its own trial. The loop also times i
 
     python benchmarks/overhead.py [--rounds 25] [--steps N] [--threads 1] [--out FILE.json]
     python benchmarks/overhead.py --only trackers   # the trackers alone: results/trackers-cpu
+    python benchmarks/overhead.py --only modes --before REV  # nbaccel at REV beside this one
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import datetime
 import functools
+import importlib
 import inspect
+import io
 import json
 import os
 import platform
@@ -52,6 +56,8 @@ import random
 import shutil
 import statistics
 import subprocess
+import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
@@ -129,9 +135,10 @@ def accelerator_epoch(accelerator, model, optimizer, loader):
     return epoch
 
 
-def nbaccel_loop(steps: int, accum: int, precision: str, clock=None):
-    """nbaccel's loop; ``clock`` (an ``OwnClock``) paces its recorder's quarter-second work."""
-    accelerator = nbaccel.Accelerator(precision, gradient_accumulation_steps=accum, cpu=True)
+def nbaccel_loop(steps: int, accum: int, precision: str, clock=None, package=nbaccel):
+    """nbaccel's loop; ``clock`` (an ``OwnClock``) paces its recorder's quarter-second work.
+    ``package``: another copy of nbaccel (``nbaccel_at``)."""
+    accelerator = package.Accelerator(precision, gradient_accumulation_steps=accum, cpu=True)
     if clock is not None:
         accelerator.recorder.clock = clock
     return accelerator_steps(accelerator, *accelerator.prepare(*make_parts(steps)))
@@ -156,6 +163,22 @@ class OwnClock:
     def __exit__(self, *exc: object) -> None:
         self.elapsed += time.monotonic() - self._since
         self._since = None
+
+
+def nbaccel_at(revision: str):
+    """nbaccel's loop as it was at git ``revision``, to run beside this one in the same rounds
+    (``--before``): its package, taken from git into a temporary folder, is imported as
+    ``nbaccel_before`` (the Accelerator's modules import each other relatively)."""
+    folder = Path(tempfile.mkdtemp(prefix="nbaccel-before-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    archive = subprocess.run(
+        ["git", "archive", revision, "nbaccel"], capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    (folder / "nbaccel").rename(folder / "nbaccel_before")
+    sys.path.insert(0, str(folder))
+    return functools.partial(nbaccel_loop, package=importlib.import_module("nbaccel_before"))
 
 
 def breakdown_off(off: bool = True):
@@ -573,7 +596,7 @@ def trackers_markdown(result: dict, versions: dict) -> list[str]:
     return lines
 
 
-def mode_variants() -> dict:
+def mode_variants(before: str | None = None) -> dict:
     # "raw again" is a second, identical raw loop: how far its ratio strays from 1 is the noise.
     variants = {
         "raw": raw,
@@ -581,6 +604,8 @@ def mode_variants() -> dict:
         "nbaccel": nbaccel_loop,
         "nbaccel, no breakdown": nbaccel_without_breakdown,
     }
+    if before is not None:
+        variants[f"nbaccel at {before}"] = nbaccel_at(before)
     for name, module, loop in [("accelerate", "accelerate", accelerate_loop),
                                ("fabric", "lightning.fabric", fabric_loop)]:  # fmt: skip
         try:
@@ -602,6 +627,9 @@ def main() -> None:
     parser.add_argument(
         "--out", help="JSON file (default: results/overhead-cpu.json, or trackers-cpu.json)"
     )
+    parser.add_argument(
+        "--before", metavar="REV", help="the modes: also nbaccel at git revision REV, paired"
+    )
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be at least 2, for a median and quartiles")
@@ -615,7 +643,7 @@ def main() -> None:
     load = {"before": os.getloadavg()[0]}
     report = {"machine": machine(args.threads), "config": config, "load": load, "modes": {}}
     if args.only != "trackers":
-        variants = mode_variants()
+        variants = mode_variants(args.before)
         for mode in MODES:
             report["modes"][mode] = run_lockstep(mode, variants, args.rounds, args.steps)
     if args.only != "modes":
