@@ -431,7 +431,8 @@ def summarize(
     log_cpu_us: dict | None = None,
 ) -> dict:
     """Per variant: medians and IQRs of its steps/s and of its paired ratios to ``baseline``;
-    the breakdown's cost (on over off); and for the trackers what each adds to a log call."""
+    the breakdown's cost (on over off); nbaccel over nbaccel at ``--before``; and for the
+    trackers what each adds to a log call."""
     log_us, log_cpu_us = log_us or {}, log_cpu_us or {}
 
     def over_base(xs: dict, name: str) -> list[float]:
@@ -455,10 +456,11 @@ def summarize(
     pair = "nbaccel", "nbaccel, no breakdown"
     out = {"steps_per_trial": steps, "baseline": baseline, "variants": results}
     if all(name in variants for name in pair):  # the breakdown's cost: on over off, paired
-        on, off = wall[pair[0]], wall[pair[1]]
-        out["breakdown_on_over_off"] = stat([a / b for a, b in zip(on, off, strict=True)], 4)
-        on, off = cpu[pair[0]], cpu[pair[1]]
-        out["breakdown_cpu_on_over_off"] = stat([a / b for a, b in zip(on, off, strict=True)], 4)
+        out["breakdown_on_over_off"] = paired(wall, *pair)
+        out["breakdown_cpu_on_over_off"] = paired(cpu, *pair)
+    for before in [name for name in variants if name.startswith("nbaccel at ")]:  # --before
+        out["now_over_before"] = {"before": before, "wall": paired(wall, "nbaccel", before),
+                                  "cpu": paired(cpu, "nbaccel", before)}  # fmt: skip
     # what each variant adds to a log call, paired, and its share of a step
     if log_us.get(baseline):
         out["log_call_cost"] = {
@@ -518,6 +520,11 @@ def machine(threads: int) -> dict:
     return info
 
 
+def paired(rates: dict[str, list[float]], name: str, other: str) -> dict:
+    """``name``'s steps/s over ``other``'s, round by round: their median and IQR."""
+    return stat([a / b for a, b in zip(rates[name], rates[other], strict=True)], 4)
+
+
 def cell(s: dict, digits: int) -> str:
     (q1, q3), f = s["iqr"], f".{digits}f"
     return f"{s['median']:{f}} ({q1:{f}}-{q3:{f}})"
@@ -547,8 +554,18 @@ def to_markdown(report: dict) -> str:
             if "breakdown_on_over_off" in result
         ]
         if costs:
-            paired = "Time breakdown, steps/s with it over without (paired): "
-            lines += ["", paired + "; ".join(costs)]
+            heading = "Time breakdown, steps/s with it over without (paired): "
+            lines += ["", heading + "; ".join(costs)]
+        changes = [
+            f"{mode} {cell(r['now_over_before']['wall'], 4)} wall, "
+            f"{cell(r['now_over_before']['cpu'], 4)} CPU time"
+            for mode, r in report["modes"].items()
+            if "now_over_before" in r
+        ]
+        if changes:
+            before = next(iter(report["modes"].values()))["now_over_before"]["before"]
+            heading = f"This nbaccel over {before}, steps/s (paired): "
+            lines += ["", heading + "; ".join(changes)]
     if "trackers" in report:
         lines += ["", *trackers_markdown(report["trackers"], report.get("versions", {}))]
     return "\n".join(lines) + "\n"
