@@ -525,6 +525,22 @@ def paired(rates: dict[str, list[float]], name: str, other: str) -> dict:
     return stat([a / b for a, b in zip(rates[name], rates[other], strict=True)], 4)
 
 
+def paired_cells(modes: dict, wall: str | tuple, cpu: str | tuple) -> list[str]:
+    """ "<mode> <median (IQR)> wall, <...> CPU time" for each mode whose results hold the paired
+    statistics at keys ``wall`` and ``cpu`` (a key, or a path of keys)."""
+
+    def at(result: dict, key: str | tuple) -> dict | None:
+        for k in (key,) if isinstance(key, str) else key:
+            result = result.get(k) if result is not None else None
+        return result
+
+    return [
+        f"{mode} {cell(at(r, wall), 4)} wall, {cell(at(r, cpu), 4)} CPU time"
+        for mode, r in modes.items()
+        if at(r, wall) is not None
+    ]
+
+
 def cell(s: dict, digits: int) -> str:
     (q1, q3), f = s["iqr"], f".{digits}f"
     return f"{s['median']:{f}} ({q1:{f}}-{q3:{f}})"
@@ -547,25 +563,15 @@ def to_markdown(report: dict) -> str:
         )
     if report["modes"]:
         lines += ["", *table(report["modes"], "raw")]
-        costs = [
-            f"{mode} {cell(result['breakdown_on_over_off'], 4)} wall, "
-            f"{cell(result['breakdown_cpu_on_over_off'], 4)} CPU time"
-            for mode, result in report["modes"].items()
-            if "breakdown_on_over_off" in result
-        ]
+        modes = report["modes"]
+        costs = paired_cells(modes, "breakdown_on_over_off", "breakdown_cpu_on_over_off")
         if costs:
             heading = "Time breakdown, steps/s with it over without (paired): "
             lines += ["", heading + "; ".join(costs)]
-        changes = [
-            f"{mode} {cell(r['now_over_before']['wall'], 4)} wall, "
-            f"{cell(r['now_over_before']['cpu'], 4)} CPU time"
-            for mode, r in report["modes"].items()
-            if "now_over_before" in r
-        ]
+        changes = paired_cells(modes, ("now_over_before", "wall"), ("now_over_before", "cpu"))
         if changes:
-            before = next(iter(report["modes"].values()))["now_over_before"]["before"]
-            heading = f"This nbaccel over {before}, steps/s (paired): "
-            lines += ["", heading + "; ".join(changes)]
+            before = next(iter(modes.values()))["now_over_before"]["before"]
+            lines += ["", f"This nbaccel over {before}, steps/s (paired): " + "; ".join(changes)]
     if "trackers" in report:
         lines += ["", *trackers_markdown(report["trackers"], report.get("versions", {}))]
     return "\n".join(lines) + "\n"
