@@ -22,12 +22,10 @@ a worker took from the fork to ready (what a launch would wait for). The variant
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import importlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -144,17 +142,11 @@ def summary(runs: list[dict]) -> dict:
 
 
 def machine() -> dict:
-    import torch
+    """The other CPU benchmarks' description of the machine (``overhead.machine``), imported only
+    here: the stand-in imports this module, and must load nothing but its variant."""
+    import overhead
 
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    models = [ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if "model name" in ln]
-    return {
-        "cpu": models[0] if models else platform.processor(),
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    return overhead.machine(threads=overhead.torch.get_num_threads())
 
 
 def to_markdown(report: dict) -> str:
@@ -163,7 +155,7 @@ def to_markdown(report: dict) -> str:
         "# What the fork server's preloads cost, on CPU",
         "",
         f"CPU: {m['cpu']}, {m['cores']} cores; torch {m['torch']}; Python {m['python']}; "
-        f"{m['date']}.",
+        f"nbaccel {m['nbaccel']}; {m['date']}.",
         f"A stand-in server and {report['workers']} forked workers; {report['runs']} runs per "
         "variant, medians. Tree: the server and its workers (PSS, summed); worker USS: both "
         "workers' own memory, summed; ready: the slower worker's seconds from fork to ready.",

@@ -15,8 +15,8 @@ copy every page that holds one. The server freezes what it has loaded (``gc.free
 workers' collections skip those objects, and the pages stay shared. Measured on 2 cores
 (``benchmarks/launch.py``), the own memory (USS) of 2 workers after 20 training steps and
 ``gc.collect()``: 153 MiB without the freeze, 24 MiB with it. What each preload costs an idle
-tree and saves workers that train (``benchmarks/preload.py``): ``torch._dynamo`` 71 MiB idle,
-against 133 MiB and 0.9 s a launch saved when the workers build an optimizer.
+tree and saves workers that train (``benchmarks/preload.py``): ``torch._dynamo`` 72 MiB idle,
+against 132 MiB and 0.8 s a launch saved when the workers build an optimizer.
 
 The messages, their framing and the exception-as-data they carry live in ``protocol.py``, which
 the launcher's side (``supervisor.py``) imports too.
@@ -59,7 +59,7 @@ def serve(control_fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Jupyter's interrupt is for the kernel
     import cloudpickle  # noqa: F401  # preloaded so that every worker starts warm
     import torch
-    import torch._dynamo  # building an optimizer imports it: 0.9 s a launch otherwise
+    import torch._dynamo  # building an optimizer imports it: 0.8 s a launch otherwise
     import torch.distributed
     import torch.nn  # noqa: F401
 
