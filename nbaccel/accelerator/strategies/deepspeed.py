@@ -125,7 +125,11 @@ class DeepSpeed(Strategy):
                 model=model.to(self.device), optimizer=optimizer, config=self.config
             )
         if self.precision.dtype is not None:  # 16-bit weights; float32 inputs and outputs
-            engine.forward = AutocastForward(engine.forward, self.precision)
+            # Inside the engine: DeepSpeed (0.19) turns off an autocast entered outside it
+            # around its module unless its own torch_autocast section is set, so an autocast
+            # on engine.forward met float32 inputs with 16-bit weights on CUDA.
+            module = engine.module
+            module.forward = AutocastForward(module.forward, self.precision)
         self.engine = engine
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:

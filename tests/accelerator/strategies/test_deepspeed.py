@@ -89,6 +89,31 @@ def test_zero_trains_in_bf16(stage):
         assert out == saved == "torch.float32"
 
 
+def zero3_in_bf16_with_autocast_off_in_the_engine() -> tuple[float, float, str, str]:
+    """``sharded_in_bf16`` under ZeRO 3, the engine turning off an autocast entered outside it
+    around its module, as DeepSpeed 0.19 does with CUDA's (``torch_autocast`` unset): the GPU's
+    path, on the CPU."""
+    import contextlib
+
+    from deepspeed.runtime import engine
+
+    @contextlib.contextmanager
+    def autocast_off(_engine):
+        with torch.autocast("cpu", enabled=False):
+            yield
+
+    engine.autocast_if_enabled = autocast_off
+    return sharded_in_bf16("zero3")
+
+
+@pytest.mark.multiprocess
+def test_zero_trains_in_bf16_where_the_engine_turns_autocast_off():
+    # the first GPU run with DeepSpeed failed here: float32 inputs met bf16 weights
+    for first, last, out, saved in run_ranks(zero3_in_bf16_with_autocast_off_in_the_engine):
+        assert last < first / 2, (first, last)
+        assert out == saved == "torch.float32"
+
+
 @pytest.mark.multiprocess
 def test_zero_save_state_then_load_state_continues_identically(tmp_path):
     folder = tmp_path / "ckpt"
