@@ -348,8 +348,9 @@ def timing_event(device: torch.device) -> Any:
     ``torch.Event`` finds the current stream in C++; ``torch.cuda.Event.record()`` asks Python's
     ``torch.cuda.current_stream()``, which cost more than the event itself. On an H200, lesson
     5's step through nbaccel was 0.84 of plain PyTorch with a new ``torch.cuda.Event`` for each
-    of its six records a step, 0.98 with the breakdown off (a development run); 0.95 with these
-    events (``benchmarks/results/gpu-step.md``, and ``benchmarks/README.md``)."""
+    of its six records a step, 0.98 with the breakdown off (a development run); 0.95 and 0.91 with
+    these events in two later runs (``benchmarks/README.md``; ``results/gpu-step.md`` holds the
+    second, 0.98 with the breakdown off)."""
     import torch
 
     if hasattr(torch, "Event"):
