@@ -89,27 +89,34 @@ def test_zero_trains_in_bf16(stage):
         assert out == saved == "torch.float32"
 
 
-def zero3_in_bf16_with_autocast_off_in_the_engine() -> tuple[float, float, str, str]:
+def zero3_in_bf16_with_autocast_off_in_the_engine() -> tuple[float, float, str, str, int]:
     """``sharded_in_bf16`` under ZeRO 3, the engine turning off an autocast entered outside it
     around its module, as DeepSpeed 0.19 does with CUDA's (``torch_autocast`` unset): the GPU's
-    path, on the CPU."""
+    path, on the CPU. Last, how many forwards went through the stand-in."""
     import contextlib
 
     from deepspeed.runtime import engine
 
+    assert hasattr(engine, "autocast_if_enabled"), "DeepSpeed's forward no longer calls it"
+    entered = []
+
     @contextlib.contextmanager
     def autocast_off(_engine):
+        entered.append(True)
         with torch.autocast("cpu", enabled=False):
             yield
 
     engine.autocast_if_enabled = autocast_off
-    return sharded_in_bf16("zero3")
+    return (*sharded_in_bf16("zero3"), len(entered))
 
 
 @pytest.mark.multiprocess
 def test_zero_trains_in_bf16_where_the_engine_turns_autocast_off():
     # the first GPU run with DeepSpeed failed here: float32 inputs met bf16 weights
-    for first, last, out, saved in run_ranks(zero3_in_bf16_with_autocast_off_in_the_engine):
+    for first, last, out, saved, entered in run_ranks(
+        zero3_in_bf16_with_autocast_off_in_the_engine
+    ):
+        assert entered == 30  # every forward of the loop met the stand-in
         assert last < first / 2, (first, last)
         assert out == saved == "torch.float32"
 
