@@ -204,7 +204,7 @@ def paced(accelerator, trial):
     (``overhead.OwnClock``): on the wall clock, in turns with N variants, its quarter-second work
     would fall on its steps about N times as often as in a loop that runs alone."""
     clock = OwnClock()
-    accelerator.recorder.clock = clock
+    clock.pace(accelerator.recorder)
 
     def run():
         with clock:

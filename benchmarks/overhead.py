@@ -17,7 +17,7 @@ interquartile range (IQR) of both, in wall time (``perf_counter``) and in this t
 programs held the core). "raw again", a second copy of the raw loop, shows how far from 1 a
 ratio strays with no difference in the code at all. nbaccel's recorder does its periodic work
 (the counters and the progress line, every quarter second) on the variant's own running time
-(``OwnClock``), as it would in a loop that runs alone: on the wall clock, the other variants'
+(``OwnClock.pace``), as it would in a loop that runs alone: on the wall clock, the other variants'
 turns would bring that work round about as many times as often per step as there are variants.
 
 The time breakdown (``nbaccel.observe.breakdown``, on by default) is measured as a pair: "nbaccel"
@@ -140,28 +140,40 @@ def nbaccel_loop(steps: int, accum: int, precision: str, clock=None, package=nba
     ``package``: another copy of nbaccel (``nbaccel_at``)."""
     accelerator = package.Accelerator(precision, gradient_accumulation_steps=accum, cpu=True)
     if clock is not None:
-        accelerator.recorder.clock = clock
+        clock.pace(accelerator.recorder)
     return accelerator_steps(accelerator, *accelerator.prepare(*make_parts(steps)))
 
 
 class OwnClock:
     """A variant's own running time: it advances only inside ``with clock:`` (the variant's
     turns). nbaccel's recorder does its periodic work (the counters, the progress line) every
-    quarter second of its clock; on the wall clock, in turns with N variants, that work would
-    fall on a loop's steps about N times as often as it does when the loop runs alone."""
+    quarter second; on the wall clock, in turns with N variants, that work would fall on a
+    loop's steps about N times as often as it does when the loop runs alone. ``pace`` keeps a
+    recorder to its variant's own time."""
 
     def __init__(self) -> None:
-        self.elapsed, self._since = 0.0, None
+        self.elapsed, self._since, self._left = 0.0, None, None
+        self._recorder = None
 
     def __call__(self) -> float:
         running = 0.0 if self._since is None else time.monotonic() - self._since
         return self.elapsed + running
 
+    def pace(self, recorder) -> None:
+        """Hold ``recorder``'s next periodic work back by the time spent outside this clock's
+        turns. Its clock stays ``time.monotonic``, as in a user's loop: a Python clock in its
+        place would add two Python calls to every step that a user's loop does not make."""
+        assert recorder.clock is time.monotonic and hasattr(recorder, "_next_counters")
+        self._recorder = recorder
+
     def __enter__(self) -> None:
         self._since = time.monotonic()
+        if self._recorder is not None and self._left is not None:
+            self._recorder._next_counters += self._since - self._left  # the others' turns
 
     def __exit__(self, *exc: object) -> None:
-        self.elapsed += time.monotonic() - self._since
+        self._left = time.monotonic()
+        self.elapsed += self._left - self._since
         self._since = None
 
 

@@ -61,7 +61,7 @@ def partly(*parts: str):
     def build(steps: int, accum: int, precision: str, clock=None):
         accelerator = nbaccel.Accelerator(precision, gradient_accumulation_steps=accum, cpu=True)
         if clock is not None:
-            accelerator.recorder.clock = clock
+            clock.pace(accelerator.recorder)
         model, optimizer, loader = make_parts(steps)
         if "model" in parts:
             model = accelerator.prepare(model)  # in bf16 it autocasts its own forward

@@ -72,7 +72,7 @@ def accelerated(steps: int, spent: list[float], breakdown: bool, clock: OwnClock
     both are timed; its recorder's periodic work paced by ``clock``, as in ``overhead.py``."""
     os.environ[BREAKDOWN_VAR] = "1" if breakdown else "0"  # read when the Accelerator is made
     accelerator = nbaccel.Accelerator(cpu=True, live=False)
-    accelerator.recorder.clock = clock
+    clock.pace(accelerator.recorder)
     model, optimizer, loader = accelerator.prepare(*make_parts(steps))
     while True:
         batches = iter(loader)
