@@ -57,7 +57,9 @@ def child(steps: int, helper: str) -> None:
     for mode in MODES:
         accum, precision = overhead.MODES[mode]
         for name in VARIANTS:
-            batches = 4 * (WARM + steps)  # one pass covers them all: no epoch ends in the count
+            # one pass, longer than needed: its end (which brings the recorder's periodic work
+            # forward) falls after the counted steps
+            batches = 4 * (WARM + steps)
             if name == "nbaccel":
                 loop = overhead.nbaccel_loop(batches, accum, precision)
                 recorder = loop.gi_frame.f_locals["accelerator"].recorder
