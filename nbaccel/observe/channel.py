@@ -61,6 +61,9 @@ TIME_LOOP = "nbaccel/time/loop"  # wall time since this rank's first batch
 #: is not nbaccel's, timed through hooks (``hf/``). That part's time
 #: is inside another's: ``UNMEASURED + "communication"`` is inside compute, ``+ "data"`` in other.
 UNMEASURED = "nbaccel/time/unmeasured/"
+#: A part of the breakdown that a rank estimated from a sample of its spans (recorded once, with
+#: the sample's rate: ``8.0`` is 1 span in 8): CUDA's events (``breakdown._Events``).
+ESTIMATED = "nbaccel/time/estimated/"
 #: The parts of ``Run.breakdown()``; "other" is the loop's time outside the first three.
 BREAKDOWN = ("data", "compute", "communication", "other")
 #: A live rate covers each rank's last this many seconds of counter records: a dozen quarter-

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from .channel import (
     BREAKDOWN,
+    ESTIMATED,
     MIN_RATE_SPAN_S,
     MIN_WINDOW_S,
     RATE_WINDOW_S,
@@ -247,6 +248,13 @@ class Run:
         self._sync()
         said = {n[len(UNMEASURED) :] for n, _ in self._index if n.startswith(UNMEASURED)}
         return [part for part in BREAKDOWN if part in said]
+
+    def estimated(self) -> dict[str, float]:
+        """The breakdown's parts some rank estimated from a sample of its spans
+        (``channel.ESTIMATED``: CUDA's events), with the sample's rate: ``{"compute": 8.0}`` is
+        1 span in 8 timed. ``{}`` when every rank timed every span (the CPU's clocks)."""
+        rates = {part: self.latest(ESTIMATED + part).values() for part in BREAKDOWN}
+        return {part: max(rate) for part, rate in rates.items() if rate}
 
     def straggler(self) -> Straggler | None:
         """The rank the others consistently wait for, and why; None when no rank stands out.

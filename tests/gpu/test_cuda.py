@@ -171,6 +171,32 @@ def test_the_breakdown_times_the_gpus_work_by_its_events():
     assert counters[TIME_COMPUTE] <= counters[TIME_LOOP]
 
 
+def test_the_breakdown_estimates_the_gpus_work_from_a_sample_of_its_spans():
+    """Past its first spans, the breakdown times a sample of them (``breakdown._Events``) and
+    says so; its estimate of the spinning is within 15% of CUDA's own events around the loop
+    (each timed run holds 4 of the spinning forwards; the GPU's clock may move between the
+    sample's runs)."""
+    from nbaccel.observe.breakdown import EVERY, RUN, TIMED_FIRST
+
+    steps = (TIMED_FIRST + 4 * RUN * EVERY) // 3 + 1  # four blocks, and the start of a fifth
+    accelerator = Accelerator(live=False)
+    model = Spin(2_000_000)  # about 1 ms a forward
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.ones(1, device=accelerator.device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        accelerator.backward(model(x).sum())
+        optimizer.step()
+        optimizer.zero_grad()
+    end.record()
+    torch.cuda.synchronize()
+    on_gpu = start.elapsed_time(end) / 1000  # seconds
+    counters = accelerator._breakdown.counters()
+    assert accelerator._breakdown._events.sampling  # said in the counters, once
+    assert counters[TIME_COMPUTE] == pytest.approx(on_gpu, rel=0.15), (counters, on_gpu)
+
+
 def test_save_state_then_load_state_on_cuda_continues_bit_identically(tmp_path):
     # Dropout draws from CUDA's generator: load_state must restore it too
     assert resume(str(tmp_path / "ckpt")) is True

@@ -19,6 +19,7 @@ from nbaccel.lab.scaling.load import Reading, ours_used, read
 from nbaccel.lab.scaling.measure import omp_threads
 from nbaccel.observe.channel import (
     BREAKDOWN,
+    ESTIMATED,
     SAMPLES,
     TIME_COMMUNICATION,
     TIME_COMPUTE,
@@ -292,6 +293,10 @@ def test_the_rows_and_the_table_carry_where_the_loop_goes():
     header, _, first, second = scaling.table().splitlines()[:4]
     assert header.endswith("| efficiency | data % | compute % | comm % | other % |")
     assert first.endswith("| 6 | 88 | 0 | 6 |") and second.endswith("| 12 | 62 | 19 | 6 |")
+    assert "estimated" not in scaling.table()  # every span timed: the CPU's clocks
+    scaling.runs[2].add([Record(0, 1, 9.0, ESTIMATED + "compute", 8.0)])  # a GPU's sample
+    said = "The shares' compute estimated: GPU events time 1 span in 8."
+    assert said in scaling.table().splitlines()
 
 
 def test_a_run_that_did_not_time_its_loop_has_no_shares():

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...observe.channel import BREAKDOWN
+from ...observe.live.bars import estimate_notes
 from ...observe.records import Run, Timing
 from . import flags as judge
 
@@ -182,8 +183,9 @@ class Scaling:
 
     def table(self) -> str:
         """The rows as Markdown: the table (the breakdown's columns only if some run has one),
-        a numbered note for each flagged row, whose efficiency is marked "(!k)", and a line
-        that says how the numbers were measured and judged."""
+        a numbered note for each flagged row, whose efficiency is marked "(!k)", which shares
+        are estimates (``Run.estimated``: on GPUs), and how the numbers were measured and
+        judged."""
         rows = self.rows()
         timed = any(not math.isnan(r["compute_share"]) for r in rows)
         header = "| processes | samples | start-up s | training s | finish s | wall s "
@@ -207,6 +209,8 @@ class Scaling:
                 line += "".join(f" {_percent(r[f'{part}_share'])} |" for part in BREAKDOWN)
             lines.append(line)
         lines += [""] + [f"{k}. {note}" for k, note in enumerate(notes, 1)] + [""] * bool(notes)
+        estimated = {p: e for run in self.runs.values() for p, e in run.estimated().items()}
+        lines += [f"The shares' {note}." for note in estimate_notes(estimated) if timed]
         return "\n".join([*lines, self._method()])
 
     def _method(self) -> str:

@@ -14,6 +14,7 @@ This module imports no torch; ``panel`` imports it, never the reverse.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..channel import BREAKDOWN
@@ -27,6 +28,15 @@ COLOURS["other"] = "darkgray"  # the loop's own Python: logging, evaluation, che
 INSIDE = {"data": "other", "communication": "compute"}
 
 
+def estimate_notes(estimated: Mapping[str, float]) -> list[str]:
+    """One line per sampling rate of ``Run.estimated()``: which parts are estimates."""
+    rates: dict[float, list[str]] = {}
+    for part, every in estimated.items():
+        rates.setdefault(every, []).append(part)
+    return [f"{' and '.join(parts)} estimated: GPU events time 1 span in {every:g}"
+            for every, parts in rates.items()]  # fmt: skip
+
+
 class BreakdownBars:
     """One stacked horizontal bar per rank on ``ax``, redrawn in place by ``update``."""
 
@@ -34,7 +44,7 @@ class BreakdownBars:
         self.ax = ax
         self.ranks: tuple[int, ...] = ()
         self.bars: dict[str, list[Any]] = {}  # part -> one Rectangle per rank, in rank order
-        self.unmeasured: tuple[str, ...] = ()
+        self.notes: tuple[str, ...] = ()
         ax.set_xlabel("where each rank's seconds go")
         self._key()
 
@@ -43,13 +53,16 @@ class BreakdownBars:
         breakdown: dict[int, dict[str, float]],
         straggler: Straggler | None,
         unmeasured: list[str] = (),
+        estimated: Mapping[str, float] | None = None,
     ) -> None:
         """Set each rank's bar to its parts' seconds (``Run.breakdown()``); the straggler's
-        label (``Run.straggler()``) turns bold, in the colour of what slows it. The parts not
-        measured apart (``Run.unmeasured()``) are said under the bars, with where they went."""
-        if tuple(unmeasured) != self.unmeasured:
-            self.unmeasured = tuple(unmeasured)
-            notes = [f"{part} not measured apart (in {INSIDE[part]})" for part in unmeasured]
+        label (``Run.straggler()``) turns bold, in the colour of what slows it. Said under the
+        bars: the parts not measured apart (``Run.unmeasured()``), with where they went, and
+        those estimated from a sample (``Run.estimated()``), with its rate."""
+        notes = tuple(f"{part} not measured apart (in {INSIDE[part]})" for part in unmeasured)
+        notes += tuple(estimate_notes(estimated or {}))
+        if notes != self.notes:
+            self.notes = notes
             self.ax.set_xlabel("\n".join(["where each rank's seconds go", *notes]))
         ranks = tuple(sorted(breakdown))
         if ranks != self.ranks:

@@ -130,7 +130,7 @@ class Panel:
         self.memory_ax.set_ylim(bottom=0)  # the share of memory held, not its wiggles
         breakdown = run.breakdown()
         if breakdown:
-            self._breakdown().update(breakdown, run.straggler(), run.unmeasured())
+            self._breakdown().update(breakdown, run.straggler(), run.unmeasured(), run.estimated())
         self.title.set_text(progress(run, total_steps, now))
 
     def _breakdown(self) -> BreakdownBars:
