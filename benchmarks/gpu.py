@@ -22,7 +22,8 @@ H200 (the sizing is in ``ROUNDS`` and ``TRIAL_SECONDS`` below):
   on each preset link. With 2 GPUs or more, ``projection.calibrate`` (2 workers, NCCL)
   checks the projected DDP step against a measured one.
 * ``step``: what a small step pays on CUDA, cause by cause: lesson 5's step with nbaccel's
-  breakdown on and off (its CUDA events), and overhead.py's loop with the batch copied to the
+  breakdown on (its CUDA events timing a sample), off, and with every span timed, and
+  overhead.py's loop with the batch copied to the
   device blocking or not (``DataLoaderConfiguration(non_blocking=True)``), nbaccel and HF
   Accelerate beside raw PyTorch.
 
@@ -82,7 +83,7 @@ PARTS = ("overhead", "amp", "launch", "projection", "step")
 # amp 5 models x 3 precisions x 7 rounds x <= 0.25 s ~ 30 s + memory passes and warm-ups ~ 60 s;
 # launch ~2 variants x 7 rounds x ~1-2 s (CUDA starts in each forked worker) ~ 30 s;
 # projection 2 variants x 15 rounds x 0.2 s ~ 6 s (+ ~30 s for calibrate with 2+ GPUs);
-# step (3 + 7 variants) x 15 rounds x ~0.25 s ~ 40 s + rebuilds and warm-ups ~ 50 s.
+# step (4 + 7 variants) x 15 rounds x ~0.25 s ~ 40 s + rebuilds and warm-ups ~ 50 s.
 ROUNDS = {"overhead": 15, "amp": 7, "launch": 7, "projection": 15, "step": 15}
 TRIAL_SECONDS = {"overhead": 0.25, "amp": 0.25, "projection": 0.2, "step": 0.2}
 REBUILD = 5  # rounds between fresh models, optimizers and loaders
@@ -524,9 +525,12 @@ def launch_markdown(result: dict) -> list[str]:
 
 
 # -- part 4: the projection's input, measured on one GPU ----------------------------------------
-def lesson5_trial(device: torch.device, through_nbaccel: bool, breakdown: bool = True):
+def lesson5_trial(
+    device: torch.device, through_nbaccel: bool, breakdown: bool = True, every_span=False
+):
     """Lesson 5's step on a batch already on the device: plain PyTorch, or through nbaccel's
-    Accelerator (with its breakdown, or built without it)."""
+    Accelerator (with its breakdown, or built without it). ``every_span``: the breakdown's
+    CUDA events time every span, as before they timed a sample (``breakdown._Events``)."""
     hidden, batch = LESSON5["hidden"], LESSON5["batch"]
 
     def build(steps: int):
@@ -539,6 +543,9 @@ def lesson5_trial(device: torch.device, through_nbaccel: bool, breakdown: bool =
                 accelerator = nbaccel.Accelerator(cpu=device.type == "cpu")
             model, optimizer = accelerator.prepare(model, optimizer)
             backward, on = accelerator.backward, accelerator.device
+            events = accelerator._breakdown and accelerator._breakdown._events
+            if every_span and events:
+                events._spans = -(10**12)  # forever among the first spans, all timed
         else:
             model.to(device)
             backward, on = torch.Tensor.backward, device
@@ -670,6 +677,7 @@ def step_groups(device: torch.device) -> dict:
             "plain PyTorch": lesson5_trial(device, False),
             "nbaccel": lesson5_trial(device, True),
             "nbaccel, breakdown off": lesson5_trial(device, True, breakdown=False),
+            "nbaccel, every span timed": lesson5_trial(device, True, every_span=True),
         },
         "overhead.py's MLP, a CPU batch copied each step": {
             "raw, to(device, non_blocking=True)": raw_loop(device, 1, "no"),

@@ -8,6 +8,12 @@ loop. Same model, data, modes and method as ``overhead.py`` (``run_lockstep``: e
 built afresh each round, turns of 4 steps in an order shuffled for every turn, each variant's
 periodic work on its own clock), so the ratios are comparable with its table.
 
+One variant is raw PyTorch's loop with nbaccel's per-step bookkeeping written inline: the same
+clock readings (the data's wait, a span around forward, backward and the optimizer's step), the
+batch's samples and device checked, the recorder's deadline tested, the accumulation window's
+arithmetic, bf16's float32 output. No call of nbaccel's: what the step's own work costs, the
+least a step built otherwise could cost.
+
 Two more variants calibrate what Python costs in such a step: raw PyTorch's loop plus 30 or
 90 calls of small methods (each reads three attributes of its object and makes one small
 object), the kind of work a wrapper does. Their cost is measured twice: in the loop, from the
@@ -93,6 +99,48 @@ def partly(*parts: str):
     return build
 
 
+def inline(steps: int, accum: int, precision: str):
+    """Raw PyTorch's loop doing nbaccel's bookkeeping inline (the module's docstring)."""
+    model, optimizer, loader = make_parts(steps)
+    clock, deadline_clock = time.perf_counter, time.monotonic
+    data = compute = 0.0
+    samples = optimizer_steps = micro = 0
+    deadline = deadline_clock() + 0.25
+    cpu = torch.device("cpu")
+    while True:
+        asked = clock()
+        for x, y in loader:
+            if x.device != cpu or y.device != cpu:
+                raise AssertionError("the batch left the CPU")
+            data += clock() - asked
+            samples += x.shape[0] if x.dim() else 1
+            if deadline_clock() >= deadline:
+                deadline = deadline_clock() + 0.25
+            micro += 1
+            began = clock()
+            if precision == "bf16":
+                with torch.autocast("cpu", torch.bfloat16):
+                    out = model(x)
+                out = out.float()
+            else:
+                out = model(x)
+            compute += clock() - began
+            loss = F.cross_entropy(out, y)
+            began = clock()
+            (loss / accum if accum > 1 else loss).backward()
+            compute += clock() - began
+            if micro % accum == 0:
+                began = clock()
+                optimizer.step()
+                compute += clock() - began
+                optimizer_steps += 1
+                if deadline_clock() >= deadline:
+                    deadline = deadline_clock() + 0.25
+                optimizer.zero_grad()
+            yield loss
+            asked = clock()
+
+
 def python_chain(length: int):
     """``length`` calls, each a method of its own small class that reads three attributes of
     its object, makes one small object and calls the next: a wrapper's kind of Python."""
@@ -144,6 +192,7 @@ def variants() -> dict:
         "raw": raw,
         "raw again": raw,
         **{f"raw + {n} Python calls": with_python(n) for n in CALLS},
+        "raw + nbaccel's bookkeeping inline": inline,
         "prepared DataLoader": partly("loader"),
         "prepared DataLoader, no recorder or breakdown": partly("bare loader"),
         "prepared optimizer": partly("optimizer"),
