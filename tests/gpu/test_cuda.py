@@ -147,11 +147,11 @@ class Spin(nn.Module):
         return x * self.weight
 
 
-def test_the_breakdown_times_the_gpus_work_by_its_events():
-    """The loop is almost all spinning on the GPU, timed apart by CUDA's own events around it
-    (one reference for the whole loop: the GPU's clock rises while it runs, so a spin timed
-    before the loop can take twice as long as one inside it, as a first GPU run showed)."""
-    cycles, steps = 20_000_000, 5  # 10 to 60 ms a forward, by the clock
+def spin_loop(cycles: int, steps: int) -> tuple[Accelerator, float]:
+    """``steps`` training steps of ``Spin(cycles)`` through an Accelerator; it, and the loop's
+    GPU seconds by CUDA's own events around it (one reference for the whole loop: the GPU's
+    clock rises while it runs, so a spin timed before the loop can take twice as long as one
+    inside it, as a first GPU run showed)."""
     accelerator = Accelerator(live=False)
     model = Spin(cycles)
     model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
@@ -164,7 +164,12 @@ def test_the_breakdown_times_the_gpus_work_by_its_events():
         optimizer.zero_grad()
     end.record()
     torch.cuda.synchronize()
-    on_gpu = start.elapsed_time(end) / 1000  # seconds
+    return accelerator, start.elapsed_time(end) / 1000
+
+
+def test_the_breakdown_times_the_gpus_work_by_its_events():
+    """The loop is almost all spinning on the GPU, timed apart by CUDA's own events."""
+    accelerator, on_gpu = spin_loop(20_000_000, 5)  # 10 to 60 ms a forward, by the clock
     counters = accelerator._breakdown.counters()
     # host clocks would give microseconds (the launches); the events give the spinning
     assert counters[TIME_COMPUTE] >= 0.9 * on_gpu, (counters, on_gpu)
@@ -179,19 +184,7 @@ def test_the_breakdown_estimates_the_gpus_work_from_a_sample_of_its_spans():
     from nbaccel.observe.breakdown import EVERY, RUN, TIMED_FIRST
 
     steps = (TIMED_FIRST + 4 * RUN * EVERY) // 3 + 1  # four blocks, and the start of a fifth
-    accelerator = Accelerator(live=False)
-    model = Spin(2_000_000)  # about 1 ms a forward
-    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    x = torch.ones(1, device=accelerator.device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        accelerator.backward(model(x).sum())
-        optimizer.step()
-        optimizer.zero_grad()
-    end.record()
-    torch.cuda.synchronize()
-    on_gpu = start.elapsed_time(end) / 1000  # seconds
+    accelerator, on_gpu = spin_loop(2_000_000, steps)  # about 1 ms a forward
     counters = accelerator._breakdown.counters()
     assert accelerator._breakdown._events.sampling  # said in the counters, once
     assert counters[TIME_COMPUTE] == pytest.approx(on_gpu, rel=0.15), (counters, on_gpu)
