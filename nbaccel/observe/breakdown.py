@@ -45,14 +45,12 @@ never a synchronisation per step, and no new event after the first steps. Data a
 collectives keep host clocks (they block the host anyway). The GPU tier (``tests/gpu``) runs this
 path.
 
-The events time a sample: with every span timed they cost a small GPU step several percent
-(lesson 5's 1.3 ms step on an H200: 0.91 of plain PyTorch with the breakdown, 0.98 without,
-``benchmarks/results/gpu-step.md``). The first ``TIMED_FIRST`` spans are all timed; then, of
-every ``RUN * EVERY`` spans, ``RUN`` in a row from a random place are, each counting ``EVERY``
-times. Compute and communication are then estimates, and say so (``ESTIMATED``: the panel's
-bars, ``Run.estimated()``). A run holds whole steps (forward, backward, step); the random place
-keeps what a loop does every N steps from always falling in, or out of, the sample. On the CPU
-every span is timed: host clocks cost little there.
+The events time a sample: every span timed cost lesson 5's 1.3 ms H200 step 7% (``results/
+gpu-step.md``). The first ``TIMED_FIRST`` spans are all timed; then, of every ``RUN * EVERY``,
+``RUN`` in a row from a random place, each counting ``EVERY`` times: whole steps (forward,
+backward, step), and what a loop does every N steps neither always in nor always out. What
+they add to is an estimate, and says so (``ESTIMATED``, ``Run.estimated()``, the panel's bars).
+On the CPU every span is timed: host clocks cost little there.
 
 Off: ``NBACCEL_BREAKDOWN=0`` times nothing and wraps or hooks nothing (``for_device`` returns
 None).
@@ -240,9 +238,9 @@ class Breakdown:
         times = {}
         if self._events is not None:
             self._events.resolve(self)
-            if self._events.sampling and not self._events.said:  # said once, with the times
-                self._events.said = True
-                times = {ESTIMATED + part: float(EVERY) for part in ("compute", "communication")}
+            new = self._events.estimated - self._events.said  # each said once, with the times
+            self._events.said |= new
+            times = {ESTIMATED + part: float(EVERY) for part in sorted(new)}
         return {
             TIME_DATA: self.data,
             TIME_COMPUTE: max(self.compute - self._inside, 0.0),
@@ -331,10 +329,11 @@ class _Events:
         self._ready: Any = None
         self._spans = 0  # spans begun
         self._first = 0  # the place of this block's timed run
-        self._draw = random.Random(seed).randrange  # its own: the user's random stays theirs
+        self._draw = random.Random(seed).randrange  # its own; the same places on every rank
         self.timing = False  # this span has events
         self.sampling = False  # the spans timed from now on count EVERY times
-        self.said = False  # the estimate has been said (``Breakdown.counters``)
+        self.estimated: set[str] = set()  # the parts a weighted span has added to
+        self.said: set[str] = set()  # those ``Breakdown.counters`` has said
 
     def _record(self) -> Any:
         event = self._spare.pop() if self._spare else self._make()
@@ -380,6 +379,10 @@ class _Events:
                 breakdown.communication += waited
                 breakdown._inside += waited
                 self._spare.append(ready)
+            if weight > 1:  # a sampled span: what it added to is an estimate
+                self.estimated.add("compute")
+                if ready is not None:
+                    self.estimated.add("communication")
             self._spare += (start, end)
 
 
@@ -387,11 +390,9 @@ def timing_event(device: torch.device) -> Any:
     """A CUDA event that times, recorded on ``device``'s current stream by ``record()``.
 
     ``torch.Event`` finds the current stream in C++; ``torch.cuda.Event.record()`` asks Python's
-    ``torch.cuda.current_stream()``, which cost more than the event itself. On an H200, lesson
-    5's step through nbaccel was 0.84 of plain PyTorch with a new ``torch.cuda.Event`` for each
-    of its six records a step, 0.98 with the breakdown off (a development run); 0.95 and 0.91 with
-    these events in two later runs (``benchmarks/README.md``; ``results/gpu-step.md`` holds the
-    second, 0.98 with the breakdown off)."""
+    ``torch.cuda.current_stream()``, which cost more than the event itself: on an H200, lesson
+    5's step was 0.84 of plain PyTorch with those, 0.95 and 0.91 with these, every span timed
+    (``benchmarks/README.md``)."""
     import torch
 
     if hasattr(torch, "Event"):

@@ -253,8 +253,13 @@ class Run:
         """The breakdown's parts some rank estimated from a sample of its spans
         (``channel.ESTIMATED``: CUDA's events), with the sample's rate: ``{"compute": 8.0}`` is
         1 span in 8 timed. ``{}`` when every rank timed every span (the CPU's clocks)."""
-        rates = {part: self.latest(ESTIMATED + part).values() for part in BREAKDOWN}
-        return {part: max(rate) for part, rate in rates.items() if rate}
+        self._sync()
+        rates: dict[str, float] = {}
+        for (name, _), rs in self._index.items():
+            if name.startswith(ESTIMATED):
+                part = name[len(ESTIMATED) :]
+                rates[part] = max(rates.get(part, 0.0), rs[-1].value)
+        return {part: rates[part] for part in BREAKDOWN if part in rates}
 
     def straggler(self) -> Straggler | None:
         """The rank the others consistently wait for, and why; None when no rank stands out.

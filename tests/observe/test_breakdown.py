@@ -183,12 +183,13 @@ class CountedEvent(FakeEvent):
         super().record()
 
 
-def gpu_spans(b: Breakdown, spans: range, lengths=(1.0, 2.0, 0.5), every=0, slow=9.0):
+def gpu_spans(b: Breakdown, spans: range, lengths=(1.0, 2.0, 0.5), every=0, slow=9.0, buckets=True):
     """The loop's ``spans`` (their numbers since its start) on the fake GPU: steps of three
     spans (forward, backward with a bucket ready 0.25 s before its end, step) of ``lengths``
     seconds; with ``every``, each ``every``-th step's forward takes ``slow`` (an evaluation,
-    say). Returns the GPU seconds of the spans and of the waits after the last bucket, having
-    let the GPU finish, and the estimates said (``ESTIMATED`` counters, each time said)."""
+    say); without ``buckets`` (one process), no bucket. Returns the GPU seconds of the spans
+    and of the waits after the last bucket, having let the GPU finish, and the estimates said
+    (``ESTIMATED`` counters, each time said)."""
     compute = waited = 0.0
     said: list[tuple[str, float]] = []
     for span in spans:
@@ -197,9 +198,10 @@ def gpu_spans(b: Breakdown, spans: range, lengths=(1.0, 2.0, 0.5), every=0, slow
         with b:
             FakeEvent.clock += length - 0.25 * (kind == 1)
             if kind == 1:
-                b.bucket_ready()
+                if buckets:
+                    b.bucket_ready()
+                    waited += 0.25
                 FakeEvent.clock += 0.25
-                waited += 0.25
         compute += length
         if kind == 2:  # the counters read what has completed (the GPU keeps up here)
             said += [(k, v) for k, v in b.counters().items() if k.startswith(ESTIMATED)]
@@ -226,6 +228,13 @@ def test_cuda_events_time_a_sample_whose_runs_of_whole_steps_give_the_exact_seco
     # a start and an end a span, and the backward's bucket: 7 records in 3 spans
     assert CountedEvent.records - timed == blocks * RUN * 7 // 3
     assert sorted(more[2]) == [(ESTIMATED + "communication", EVERY), (ESTIMATED + "compute", EVERY)]
+
+
+def test_without_buckets_only_compute_is_said_estimated():
+    FakeEvent.gpu, FakeEvent.clock = 0.0, 0.0
+    b = Breakdown(events=_Events(FakeEvent))
+    *_, said = gpu_spans(b, range(TIMED_FIRST + RUN * EVERY), buckets=False)
+    assert said == [(ESTIMATED + "compute", EVERY)] and b.communication == 0.0
 
 
 def test_the_sample_follows_no_period_of_the_loop():
