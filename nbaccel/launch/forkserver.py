@@ -195,7 +195,7 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
     import torch
     import torch.distributed as dist
 
-    from ..observe.channel import flush_all
+    from ..observe.rank_recorder import close_all
     from ..tensors import to_cpu
 
     faulthandler.enable()  # a segfault still prints a Python traceback into the cell
@@ -211,7 +211,7 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
         function, args, kwargs = unpack_call(channel.recv_bytes())
         sys.argv[:] = [getattr(function, "__qualname__", repr(function))]  # not the server's
         value = function(*args, **kwargs)
-        flush_all()  # the last records reach the notebook before the result does
+        close_all()  # the last records reach the notebook before the result does
         try:
             payload = cloudpickle.dumps(to_cpu(value))
         except Exception as err:
@@ -222,7 +222,7 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
         channel.send_bytes(encode(Result(payload, type_name(value))))
         code = 0
     except SystemExit as exit_:
-        flush_all()
+        close_all()
         code, shown = _exit_status(exit_)
         if code == 0:  # sys.exit(0) as a way out: the value is None, the launcher says so
             channel.send_bytes(encode(Result(cloudpickle.dumps(None), "NoneType", exited=True)))
@@ -230,7 +230,7 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
             data = replace(_describe(exit_), message=shown)
             channel.send_bytes(encode(Failure(data, exit_code=code)))
     except BaseException as err:
-        flush_all()  # the records up to the failure reach the notebook before it does
+        close_all()  # the records up to the failure reach the notebook before it does
         data = _describe(err)
         channel.send_bytes(encode(Failure(data, _is_collective_failure(err, data.message))))
         code = 1

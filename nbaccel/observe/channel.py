@@ -182,9 +182,9 @@ class Channel:
 # Accelerator created inside through this context variable, as it hands the environment over.
 local_run: ContextVar[Run | None] = ContextVar("nbaccel_local_run", default=None)
 
-# The launched worker flushes every open channel before it reports its result, so the last
-# quarter second of records is not lost when the function did not call end_training(). Weak
-# references: a channel that is gone needs no flush.
+# What open channels still hold, flushed as the launched worker reports (after
+# ``rank_recorder.close_all``, which keeps the recorders' channels alive until then). Weak
+# references: a channel that is gone had its recorder closed.
 _open_channels: weakref.WeakSet[Channel] = weakref.WeakSet()
 
 

@@ -19,12 +19,23 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..env import CHANNEL_VAR, METRICS_DIR_VAR, PANEL_VAR, DistEnv, device_label
-from .channel import ACCUMULATION, MEMORY, RSS, SAMPLES, STEPS, TOTAL_STEPS, Channel, local_run
+from .channel import (
+    ACCUMULATION,
+    MEMORY,
+    RSS,
+    SAMPLES,
+    STEPS,
+    TOTAL_STEPS,
+    Channel,
+    flush_all,
+    local_run,
+)
 from .records import Run
 
 if TYPE_CHECKING:
@@ -70,6 +81,8 @@ class Recorder:
             if env.is_distributed:
                 self.run.label = f"rank {env.rank} of {env.world_size}"
         self.channel = Channel.from_environ(env.rank, self.run)
+        if self.channel.connected:
+            _unclosed.add(self)
         self._live = bool(live) and self.run is not None and env.rank == 0
         self._view: LiveView | None = None if isinstance(live, bool | int) else live
         self._memory = memory
@@ -199,6 +212,7 @@ class Recorder:
 
     def close(self) -> None:
         """Send the last numbers and draw the final view (safe to call twice)."""
+        _unclosed.discard(self)
         self._record_counters(last=True)
         self.channel.flush()
         if self.run is not None and self.run.finished is None and self._live:
@@ -219,6 +233,23 @@ class Recorder:
 
 
 Tracker = Recorder  # the old name (before the glossary gave "tracker" to Accelerate's sense)
+
+#: This process's recorders whose numbers leave it (a launched worker's), until they are closed.
+#: A function that returns without ``end_training()`` drops its Accelerator, and with it the
+#: numbers of its last quarter second (all of them, in a shorter run): ``close_all`` sends them.
+_unclosed: set[Recorder] = set()
+
+
+def close_all() -> None:
+    """Close the recorders nobody closed: the worker calls it when the function has returned or
+    raised, before it reports. A failure here is printed, and the function's outcome stands."""
+    for recorder in list(_unclosed):
+        try:
+            recorder.close()
+        except Exception as err:  # the numbers are lost; the value or error still goes back
+            _unclosed.discard(recorder)
+            print(f"nbaccel: the last numbers of this rank were not sent: {err!r}", file=sys.stderr)
+    flush_all()  # and what any other channel still holds
 
 
 def _new_view() -> LiveView:

@@ -216,6 +216,37 @@ def test_a_plain_loop_in_launched_workers_reaches_the_notebook():
     assert progress(run).startswith(f"step 3 | 2 ranks on {DEVICE} |")
 
 
+@pytest.mark.multiprocess
+def test_a_function_without_end_training_still_sends_its_last_numbers():
+    """The function drops its Accelerator when it returns: the numbers it had not yet sent
+    (here, in a loop shorter than a quarter second, all but the first) still reach the
+    notebook, the counters as they were at the end (``rank_recorder.close_all``)."""
+
+    def work():
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        from nbaccel import Accelerator
+
+        accelerator = Accelerator()
+        accelerator.recorder.clock = lambda: 0.0  # no quarter second passes: no periodic send
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = DataLoader(TensorDataset(torch.randn(40, 2)), batch_size=4)
+        model, optimizer, data = accelerator.prepare(model, optimizer, data)
+        for (x,) in data:  # 5 batches a rank
+            accelerator.backward(model(x).sum())
+            optimizer.step()
+            optimizer.zero_grad()
+        accelerator.log({"last": 1.0})  # no end_training()
+
+    run = Run()
+    notebook_launcher(work, num_processes=2, cpu=True, run=run, timeout=120)
+    assert run.latest(SAMPLES) == {0: 20.0, 1: 20.0} and run.latest(STEPS) == {0: 5.0, 1: 5.0}
+    assert run.latest("last") == {0: 1.0, 1: 1.0}
+    assert set(run.breakdown()) == {0, 1}
+
+
 def test_total_steps_counts_batches_and_the_line_counts_as_its_steps():
     from nbaccel.observe.channel import ACCUMULATION, Record
 

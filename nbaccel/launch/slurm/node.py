@@ -181,6 +181,7 @@ def work(payload: bytes, folder: str) -> tuple[int, tuple]:
     """One worker: the launched function, its value pickled, its error written down."""
     import cloudpickle
 
+    from ...observe.rank_recorder import close_all
     from ...observe.stacks import listen_from_environ
     from ..protocol import Result, type_name
 
@@ -200,6 +201,8 @@ def work(payload: bytes, folder: str) -> tuple[int, tuple]:
     except BaseException as exc:
         _write_error(rank, folder, exc)
         raise
+    finally:  # the numbers of a function that did not call end_training()
+        close_all()
 
 
 def _write_error(rank: int, folder: str, exc: BaseException) -> None:
