@@ -545,6 +545,7 @@ def lesson5_trial(
             backward, on = accelerator.backward, accelerator.device
             events = accelerator._breakdown and accelerator._breakdown._events
             if every_span and events:
+                assert hasattr(events, "_spans"), "breakdown._Events renamed its span count"
                 events._spans = -(10**12)  # forever among the first spans, all timed
         else:
             model.to(device)

@@ -179,7 +179,8 @@ def test_without_slurm_the_error_says_where_to_run(tmp_path, monkeypatch):
 
 
 def logs_a_loss():
-    """A hand-written loop with the Recorder, as lessons 1-3 write it."""
+    """A hand-written loop with the Recorder, as lessons 1-3 write it; and a second recorder
+    that nobody closes, whose number the node still sends (``rank_recorder.close_all``)."""
     import torch.distributed as dist
 
     from nbaccel import Recorder
@@ -190,6 +191,7 @@ def logs_a_loss():
     for step in range(5):
         recorder.log({"loss": 10.0 * rank + step}, samples=4)
     recorder.close()
+    Recorder().log({"unclosed": 1.0 + rank})  # gone when the function returns
     dist.destroy_process_group()
 
 
@@ -204,6 +206,7 @@ def test_every_nodes_records_reach_the_run(empty_queue, tmp_path):
     assert series[0][1] == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert series[1][1] == [10.0, 11.0, 12.0, 13.0, 14.0]
     assert run.latest("nbaccel/samples") == {0: 20, 1: 20} and run.world_size == 2
+    assert run.latest("unclosed") == {0: 1.0, 1: 2.0}
     timing = run.timing()  # the launch's own clock: started, first and last record, finished
     assert timing.startup > 0 and timing.startup + timing.training <= timing.wall
 
