@@ -21,8 +21,8 @@ So ``start_method="forkserver"`` (the default) keeps one server per kernel and f
 from it. In a Jupyter kernel that server is started when this module is first imported
 (``from nbaccel import notebook_launcher``): the one thing nbaccel starts at import time, on
 purpose (``client.prestart``). It costs one core for the seconds its interpreter takes to import
-torch (while you write the next cells), then nothing but its memory (below); it
-waits in ``select`` until a launch, and ends with the kernel (its socket closes). Outside a
+torch (while you write the next cells), then nothing but its memory (below); it waits in
+``select`` until a launch, and ends with the kernel (its socket closes). Outside a
 kernel nothing starts. ``NBACCEL_PRESTART=0`` or ``nbaccel config --no-prestart`` turns it off:
 the first launch then starts the server, as before. A server that died between launches is
 said, and replaced by the next launch. ``"spawn"`` starts a fresh server for this launch alone
@@ -68,6 +68,7 @@ from ..observe.channel import local_run
 from ..observe.hang import check_stall_warning
 from ..observe.hf.common import empty_hint
 from ..observe.live.view import LiveView
+from ..observe.rank_recorder import close_all
 from ..observe.records import Run
 from .arguments import check_call, check_notebook_launch, check_options
 from .client import prestart
@@ -240,8 +241,7 @@ def _run_on_cluster(function, args, kwargs, config, nodes, cluster, return_all, 
 
 
 def _view(live: bool | LiveView, function: Callable) -> LiveView | None:
-    """The launch's live view (none for ``live=False``); if the launch records nothing, it
-    names the integration for the library ``function`` trains with (``hf.common.empty_hint``)."""
+    """The launch's view (None: ``live=False``), naming ``function``'s integration if empty."""
     if not live:
         return None
     view = live if isinstance(live, LiveView) else LiveView()
@@ -360,8 +360,7 @@ def _launch_slot():
 
 
 def _run_here(function, args, kwargs, config: LaunchConfig, run: Run) -> Any:
-    """One process: run in this process, with the same environment and errors as workers;
-    an Accelerator created inside records into ``run``."""
+    """One process: run here, with a worker's environment and errors, recording into ``run``."""
     with _meeting(config) as port:
         run.started = time.time()
         value = _call_here(function, args, kwargs, _worker_envs(config, port, 0)[0], run)
@@ -389,6 +388,7 @@ def _call_here(function, args, kwargs, env: dict[str, str], run: Run) -> Any:
         failure = RankFailure(0, os.getpid(), None, type(err).__qualname__, message)
         raise LaunchError(f"{failure.describe()} (traceback above)", [failure]) from err
     finally:
+        close_all()  # what a function without end_training() left: its last numbers and drawing
         local_run.reset(token)
         for k, v in saved.items():
             if v is None:

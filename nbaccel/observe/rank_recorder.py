@@ -81,8 +81,8 @@ class Recorder:
             if env.is_distributed:
                 self.run.label = f"rank {env.rank} of {env.world_size}"
         self.channel = Channel.from_environ(env.rank, self.run)
-        if self.channel.connected:
-            _unclosed.add(self)
+        if self.channel.connected or local_run.get() is not None:
+            _unclosed.add(self)  # a launch's: closed once its function is done (close_all)
         self._live = bool(live) and self.run is not None and env.rank == 0
         self._view: LiveView | None = None if isinstance(live, bool | int) else live
         self._memory = memory
@@ -234,15 +234,17 @@ class Recorder:
 
 Tracker = Recorder  # the old name (before the glossary gave "tracker" to Accelerate's sense)
 
-#: This process's recorders whose numbers leave it (a launched worker's), until they are closed.
-#: A function that returns without ``end_training()`` drops its Accelerator, and with it the
-#: numbers of its last quarter second (all of them, in a shorter run): ``close_all`` sends them.
+#: This process's recorders made by a launched function (a worker's, or a one-process launch's in
+#: the notebook), until they are closed. A function that returns without ``end_training()`` drops
+#: its Accelerator, and with it the numbers of its last quarter second (all of them, in a shorter
+#: run) and the view's last drawing: ``close_all`` sends and draws them.
 _unclosed: set[Recorder] = set()
 
 
 def close_all() -> None:
-    """Close the recorders nobody closed: the worker calls it when the function has returned or
-    raised, before it reports. A failure here is printed, and the function's outcome stands."""
+    """Close the recorders nobody closed: the worker (or a one-process launch in the notebook)
+    calls it when the function has returned or raised, before it reports. A failure here is
+    printed, and the function's outcome stands."""
     for recorder in list(_unclosed):
         try:
             recorder.close()

@@ -247,6 +247,35 @@ def test_a_function_without_end_training_still_sends_its_last_numbers():
     assert set(run.breakdown()) == {0, 1}
 
 
+def test_a_one_process_launch_without_end_training_keeps_its_last_numbers():
+    """``num_processes=1`` runs the function in this process, recording straight into the Run;
+    a function that stops mid-pass without ``end_training()`` still leaves its counters as they
+    were at the end (its last quarter second, here all but the first batch), and the launch
+    keeps no recorder once it is over."""
+    from nbaccel.observe import rank_recorder
+
+    def work():
+        accelerator = Accelerator(cpu=True)
+        accelerator.recorder.clock = lambda: 0.0  # no quarter second passes: no periodic tick
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = DataLoader(TensorDataset(torch.randn(40, 2)), batch_size=4)
+        model, optimizer, data = accelerator.prepare(model, optimizer, data)
+        for i, (x,) in enumerate(data):
+            accelerator.backward(model(x).sum())
+            optimizer.step()
+            optimizer.zero_grad()
+            if i == 4:  # 5 of the pass's 10 batches, so no epoch's end records them either
+                return
+
+    run = Run()
+    notebook_launcher(work, num_processes=1, cpu=True, run=run)
+    assert run.latest(SAMPLES) == {0: 20.0} and run.latest(STEPS) == {0: 5.0}
+    assert set(run.breakdown()) == {0}
+    assert progress(run).startswith("step 5 | 1 rank on CPU |")
+    assert not rank_recorder._unclosed
+
+
 def test_total_steps_counts_batches_and_the_line_counts_as_its_steps():
     from nbaccel.observe.channel import ACCUMULATION, Record
 
