@@ -168,7 +168,7 @@ class Run:
         out = {}
         for rank, rs in self._by_rank(name).items():
             done, times, values = self._rates.get((name, window, rank), (0, [], []))
-            for b, rate in _windowed(rs[done:], window, rs):  # only the records new since
+            for b, rate, _ in _windowed(rs[done:], window, rs):  # only the records new since
                 times.append(b.time)
                 values.append(rate)
             self._rates[name, window, rank] = (len(rs), times, values)
@@ -187,12 +187,19 @@ class Run:
         """Each rank's rate of a cumulative counter over its last ``window`` seconds of records
         (``rates``' last point); a rank whose records span less than ``MIN_RATE_SPAN_S`` has
         none yet."""
-        out = {}
-        for rank, rs in self._by_rank(name).items():
-            last = _windowed(rs[-1:], window, rs)
-            if last:
-                out[rank] = last[0][1]
-        return out
+        return {rank: rate for rank, (rate, _) in self._live(name, window).items()}
+
+    def live_span(self, name: str = SAMPLES, window: float = RATE_WINDOW_S) -> float | None:
+        """The seconds of records ``live_rate``'s rates are over: the longest rank's, ``window``
+        and a counters' interval at most while the loop counts, longer after a pause that
+        counted nothing (a rate over the pause too, and the progress line says so)."""
+        spans = [span for _, span in self._live(name, window).values()]
+        return max(spans) if spans else None
+
+    def _live(self, name: str, window: float) -> dict[int, tuple[float, float]]:
+        """``{rank: (rate, span)}`` at each rank's last record."""
+        ends = {rank: _windowed(rs[-1:], window, rs) for rank, rs in self._by_rank(name).items()}
+        return {rank: last[0][1:] for rank, last in ends.items() if last}
 
     def live_samples_per_s(self, window: float = RATE_WINDOW_S) -> float | None:
         """What the progress line shows while the run goes: every rank's samples rate over its
@@ -336,10 +343,10 @@ def _time(record: Record) -> float:
 
 def _windowed(
     ends: list[Record], window: float, records: list[Record] | None = None
-) -> list[tuple[Record, float]]:
+) -> list[tuple[Record, float, float]]:
     """For each record of ``ends`` (some of ``records``, in time order): its rate over the
     ``window`` seconds before it, from the last record at least that much older (or the first
-    record), kept where that span is at least ``MIN_RATE_SPAN_S``."""
+    record), and that span, kept where the span is at least ``MIN_RATE_SPAN_S``."""
     records = ends if records is None else records
     first = records[0] if records else None
     out = []
@@ -347,7 +354,7 @@ def _windowed(
         i = bisect.bisect_right(records, b.time - window, key=_time)
         a = records[i - 1] if i else first
         if a is not None and b.time - a.time >= MIN_RATE_SPAN_S:
-            out.append((b, (b.value - a.value) / (b.time - a.time)))
+            out.append((b, (b.value - a.value) / (b.time - a.time), b.time - a.time))
     return out
 
 

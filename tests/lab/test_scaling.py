@@ -244,7 +244,7 @@ def test_the_live_rate_is_the_one_the_progress_line_shows():
     run.add(counters(1, [(1.0, 32.0), (1.5, 82.0), (2.0, 132.0)]))
     scaling = Scaling(runs={2: run})
     assert run.samples_per_s() == scaling.live_rate(2) == pytest.approx(100.0 + 100.0)
-    assert "200 samples/s (last 3 s)" in progress(run)  # one definition, read by both
+    assert "200 samples/s (last 1 s)" in progress(run)  # one definition; 1 s of records
     run.finished = 3.0  # once ended, the line shows the table's number: the training window
     assert "264 samples/s (training window 1.0 s)" in progress(run)
     assert scaling.throughput(2) == run.throughput() == pytest.approx(264.0)

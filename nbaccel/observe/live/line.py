@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ..channel import ACCUMULATION, MEMORY, MIN_WINDOW_S, RATE_WINDOW_S, RSS, SAMPLES, STEPS
+from ..channel import ACCUMULATION, MEMORY, MIN_WINDOW_S, RSS, SAMPLES, STEPS
 
 if TYPE_CHECKING:
     from ..records import Run
@@ -51,14 +51,15 @@ def progress(run: Run, total_steps: int | None = None, now: float | None = None)
     the straggler (data: others waited 3.2 s)`` when one rank is waited for.
 
     While the run goes, the rate is every rank's samples over its last ``RATE_WINDOW_S``
-    seconds (``Run.live_samples_per_s``); once it ended, the run's throughput over its training
-    window (``Run.throughput``, the scaling table's number), said as such: neither from a span
-    too short (``MIN_RATE_SPAN_S``, ``MIN_WINDOW_S``). The total counts what the step counts:
-    the batches a loop will take, or, when the steps are optimizer steps under accumulation,
-    those batches over the accumulation. The step counts what the loss axis counts, and says
-    what that is under accumulation. Reads only each rank's latest records, so it costs the
-    same however long the run is. The clock of a run still going reads ``now`` (default: the
-    wall clock, as the records do).
+    seconds (``Run.live_samples_per_s``), said with the seconds it spans (``Run.live_span``:
+    longer after a pause that counted nothing); once it ended, the run's throughput over its
+    training window (``Run.throughput``, the scaling table's number), said as such: neither
+    from a span too short (``MIN_RATE_SPAN_S``, ``MIN_WINDOW_S``). The total counts what the
+    step counts: the batches a loop will take, or, when the steps are optimizer steps under
+    accumulation, those batches over the accumulation. The step counts what the loss axis
+    counts, and says what that is under accumulation. Reads only each rank's latest records,
+    so it costs the same however long the run is. The clock of a run still going reads ``now``
+    (default: the wall clock, as the records do).
     """
     parts = []
     count, unit, optimizer = steps(run)
@@ -120,8 +121,8 @@ def _rate(run: Run) -> str | None:
             samples = sum(timing.samples.values())
             return f"{samples:,.0f} samples in {timing.training:.2f} s (too short for a rate)"
         return f"{rate:,.0f} samples/s (training window {timing.training:.1f} s)"
-    rate = run.live_samples_per_s()
-    return None if rate is None else f"{rate:,.0f} samples/s (last {RATE_WINDOW_S:.0f} s)"
+    rate, span = run.live_samples_per_s(), run.live_span()
+    return None if rate is None else f"{rate:,.0f} samples/s (last {span:.0f} s)"
 
 
 def _ms_per_step(run: Run, optimizer: int | None) -> float | None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from matplotlib.colors import to_rgb
 
 from nbaccel.observe.channel import (
@@ -190,6 +191,18 @@ def test_the_panel_draws_each_rank_cpu_memory_against_time_or_says_why_not():
     assert panel.memory_ax.get_ylim()[0] == 0
 
 
+def test_a_rate_over_a_pause_says_how_long_it_spans():
+    """Counters are recorded only when they moved, so the first record after a pause reaches
+    back to the last one before it: the rate spans the pause, and the line says so."""
+    run = a_run(start=5000.0)  # 32 samples every 0.1 s on each rank, to 5001.9
+    assert run.live_span() == pytest.approx(1.9) and "(last 2 s)" in progress(run, now=5002.0)
+    for rank in (0, 1):  # 10 s later, one more batch on each rank
+        run.add([Record(rank, 20, 5011.9, SAMPLES, 32.0 * 20)])
+    assert run.live_span() == pytest.approx(10.0)
+    assert run.live_samples_per_s() == pytest.approx(2 * 32 / 10.0)
+    assert " | 6 samples/s (last 10 s) | " in progress(run, now=5012.0)
+
+
 def test_the_line_says_which_memory_it_shows_in_mib():
     run = a_run(start=5000.0)
     assert "MiB" not in progress(run, now=5002.0)  # nothing recorded, nothing said
@@ -204,8 +217,8 @@ def test_the_line_says_which_memory_it_shows_in_mib():
 def test_progress_reads_like_a_sentence():
     run = a_run(steps=20, start=5000.0)
     line = progress(run, total_steps=40, now=5002.0)
-    # 20 log calls (the loss axis's 20 points), 640 samples/s over the last 3 s of records
-    assert line.startswith("step 20/40 | 2 ranks | 640 samples/s (last 3 s) | 100 ms/step | ")
+    # 20 log calls (the loss axis's 20 points), 640 samples/s over its 1.9 s of records
+    assert line.startswith("step 20/40 | 2 ranks | 640 samples/s (last 2 s) | 100 ms/step | ")
     assert line.endswith(" | 2 s, ETA 2 s")  # 20 steps in 2 s, 20 to go
     run.device = "CPU"  # a launch says what its ranks train on
     assert progress(run, total_steps=40, now=5002.0).startswith("step 20/40 | 2 ranks on CPU |")
