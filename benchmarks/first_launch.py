@@ -5,7 +5,10 @@ the return. Then the same launch again (warm).
 Cases, each in a fresh kernel, round-robin (the first case rotates each round):
 
 - nbaccel, pause 10 s: the fork server started at the import (``client.prestart``) and had the
-  pause to import torch;
+  pause to import torch; the launch draws its live view, as a user's does by default (the
+  prestart loaded its matplotlib in a thread: ``panel.warm_up``);
+- nbaccel, pause 10 s, live=False: the same without the view (this benchmark's only case before
+  the warm-up: the view's first launch then imported matplotlib, about 0.45 s more);
 - nbaccel, no pause: the launch right after the import cell, while the server still imports;
 - nbaccel, pause 10 s, prestart off (``NBACCEL_PRESTART=0``): the first launch starts the
   server, as every first launch did before the prestart;
@@ -45,9 +48,9 @@ def job():
     accelerator.reduce(torch.ones(1))
     accelerator.end_training()
 
-def launch():
+def launch(live=True):
     began = time.perf_counter()
-    notebook_launcher(job, num_processes=2, cpu=True, live=False)
+    notebook_launcher(job, num_processes=2, cpu=True, live=live)
     return time.perf_counter() - began
 """
 
@@ -86,21 +89,23 @@ def launch():
 """
 
 
-def cases(pause: float) -> dict[str, tuple[str, dict[str, str], float]]:
-    """name: (the import cell, the kernel's extra environment, the pause in seconds)"""
+def cases(pause: float) -> dict[str, tuple[str, dict[str, str], float, str]]:
+    """name: (the import cell, the kernel's extra environment, the pause in seconds, the call)"""
+    off = {"NBACCEL_PRESTART": "0"}
     found = {
-        f"nbaccel, pause {pause:g} s": (NBACCEL, {}, pause),
-        "nbaccel, no pause": (NBACCEL, {}, 0.0),
-        f"nbaccel, pause {pause:g} s, prestart off": (NBACCEL, {"NBACCEL_PRESTART": "0"}, pause),
+        f"nbaccel, pause {pause:g} s": (NBACCEL, {}, pause, "launch()"),
+        f"nbaccel, pause {pause:g} s, live=False": (NBACCEL, {}, pause, "launch(live=False)"),
+        "nbaccel, no pause": (NBACCEL, {}, 0.0, "launch()"),
+        f"nbaccel, pause {pause:g} s, prestart off": (NBACCEL, off, pause, "launch()"),
     }
     if importlib.util.find_spec("accelerate"):
-        found[f"accelerate, pause {pause:g} s"] = (ACCELERATE, {}, pause)
+        found[f"accelerate, pause {pause:g} s"] = (ACCELERATE, {}, pause, "launch()")
     if importlib.util.find_spec("lightning"):
-        found[f"fabric, pause {pause:g} s"] = (FABRIC, {}, pause)
+        found[f"fabric, pause {pause:g} s"] = (FABRIC, {}, pause, "launch()")
     return found
 
 
-def one(cell: str, env: dict[str, str], pause: float) -> dict[str, float]:
+def one(cell: str, env: dict[str, str], pause: float, call: str) -> dict[str, float]:
     """A fresh kernel: the import cell, the pause, the first launch, then a warm one."""
     with tempfile.TemporaryDirectory() as cwd:
         kernel = Kernel(cwd, env={"OMP_NUM_THREADS": "1", **env})
@@ -111,7 +116,7 @@ def one(cell: str, env: dict[str, str], pause: float) -> dict[str, float]:
                 kernel.run(f"time.sleep({pause})", timeout=pause + 60)
             times = {}
             for name in ("first", "warm"):
-                out = kernel.run("launch()", timeout=300)
+                out = kernel.run(call, timeout=300)
                 assert out.error is None and out.value is not None, out.error
                 times[name] = float(out.value)
             return times

@@ -14,19 +14,20 @@ fork server (default)  0.07-0.12 s  yes: workers fork from a fresh interpreter t
                        (first 3.5)    torch and never ran a torch op (``forkserver.py``)
 =====================  ===========  =========================================================
 
-("first 3.5": a first launch that starts the server; started at the import in a kernel, as
-below, the first launch after a 10 s pause took 0.095 s: ``benchmarks/first_launch.py``.)
+("first 3.5": one that starts the server. Started at a kernel's import, as below, the first
+launch after a 10 s pause took 0.06 s, its live view included: ``benchmarks/first_launch.py``.)
 
 So ``start_method="forkserver"`` (the default) keeps one server per kernel and forks workers
 from it. In a Jupyter kernel that server is started when this module is first imported
-(``from nbaccel import notebook_launcher``): the one thing nbaccel starts at import time, on
-purpose (``client.prestart``). It costs one core for the seconds its interpreter takes to import
-torch (while you write the next cells), then nothing but its memory (below); it waits in
-``select`` until a launch, and ends with the kernel (its socket closes). Outside a
-kernel nothing starts. ``NBACCEL_PRESTART=0`` or ``nbaccel config --no-prestart`` turns it off:
-the first launch then starts the server, as before. A server that died between launches is
-said, and replaced by the next launch. ``"spawn"`` starts a fresh server for this launch alone
-and shuts it down after, for scripts that want nothing left running. Either way the function
+(``from nbaccel import notebook_launcher``), nbaccel's one start at import time, on purpose
+(``client.prestart``). It costs one core for the seconds its interpreter takes to import torch
+(while you write the next cells), then nothing but its memory (below); it waits in ``select``
+until a launch, and ends with the kernel (its socket closes). A thread loads the live view's
+matplotlib then too (0.4 s of one core, 35 MiB; else the first launch waits). Outside a kernel
+nothing starts. ``NBACCEL_PRESTART=0`` or ``nbaccel config --no-prestart`` turns both off: the
+first launch then starts the server. A server that died between launches is said, and replaced
+by the next launch. ``"spawn"`` starts a fresh server for this launch alone and shuts it down
+after, for scripts that want nothing left running. Either way the function
 travels by value (cloudpickle), so functions and classes defined in notebook cells work, and
 CUDA state in the kernel does not matter: no worker is a fork of the kernel. The price is the
 server's own torch import: kernel, server and 2 idle workers hold 429 MiB (PSS) against 186
@@ -34,14 +35,13 @@ for a bare fork; after 20 training steps and a garbage collection (which copies 
 parent's objects, unless frozen: the server's are) 436 against 438 (``benchmarks/launch.py``).
 
 Options: the arguments, the ``nbaccel config`` file and the machine resolve into one
-``LaunchConfig`` (``config.py``), the same one ``nbaccel launch`` builds; the workers read
-it back from their environment. Rendezvous: the launching process hosts torch's TCPStore, on
-loopback unless ``num_nodes > 1`` (``rendezvous.py``); it goes away when the launch ends.
+``LaunchConfig`` (``config.py``), as for ``nbaccel launch``; workers read it back. Rendezvous:
+the launching process hosts torch's TCPStore, on loopback unless ``num_nodes > 1``
+(``rendezvous.py``); it goes away when the launch ends.
 
 Failure: the first real error wins. Every rank's exception travels back as plain data; when any
 rank fails, the others get SIGTERM, then SIGKILL after a short grace, and one ``LaunchError``
-names the failing rank and shows its own traceback. A rank that fails only because a peer
-vanished mid-collective ("connection closed by peer") is reported after the rank that caused it.
+names the failing rank and shows its traceback (not that of a rank that only lost a peer).
 
 Restarts (``max_restarts``) follow torch elastic's agent: a failed worker group is not patched
 up one rank at a time; every worker is stopped, then the whole group meets again and starts

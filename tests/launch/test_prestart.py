@@ -31,6 +31,24 @@ def test_importing_the_launcher_in_a_kernel_starts_the_server_the_first_launch_u
         no_workers_left(kernel)
 
 
+WARMED = (
+    "import sys\n"
+    "from nbaccel.observe.live import panel\n"
+    "warming = panel._warming\n"
+    "warming is not None and (warming.join(120) or not warming.is_alive())"
+    " and 'matplotlib.figure' in sys.modules"
+)
+
+
+def test_the_import_loads_the_views_matplotlib_in_a_thread_that_ends(tmp_path):
+    """The launch's live view would otherwise import matplotlib first (0.4 s of the first
+    launch): the prestart loads it in a thread, which ends once it has."""
+    with kernel_with(str(tmp_path), IMPORT) as kernel:
+        out = kernel.run(WARMED)
+        assert out.error is None, out.error
+        assert out.value == "True"
+
+
 @pytest.mark.parametrize("how", ["variable", "config file"])
 def test_opting_out_starts_nothing_until_the_first_launch(tmp_path, how):
     env = {"NBACCEL_PRESTART": "0"}
@@ -40,6 +58,9 @@ def test_opting_out_starts_nothing_until_the_first_launch(tmp_path, how):
         env = {"NBACCEL_CONFIG": str(config)}
     with kernel_with(str(tmp_path), IMPORT, env=env) as kernel:
         assert kernel.servers() == []
+        unwarmed = "import sys\nfrom nbaccel.observe.live import panel\n"
+        unwarmed += "panel._warming is None and 'matplotlib' not in sys.modules"
+        assert kernel.run(unwarmed).value == "True"  # no thread either
         assert kernel.run(TWO).value == "True"  # the launch starts it, as before
         assert len(kernel.servers()) == 1
 

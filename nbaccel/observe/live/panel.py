@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import threading
 from typing import TYPE_CHECKING, Any
 
 from ..channel import MIN_RATE_SPAN_S, MIN_WINDOW_S, RATE_WINDOW_S, RSS, SAMPLES
@@ -55,11 +56,36 @@ BOLD = {"lw": 2.2, "color": "black", "zorder": 3}  # the mean and the total, ove
 WIDTHS = (1, 1, 0.55)
 
 
+_warming: threading.Thread | None = None  # the warm-up, once a process (``warm_up``)
+_warm_lock = threading.Lock()
+
+
+def warm_up() -> None:
+    """Import matplotlib and load its fonts in a thread, once a process: about half a second on
+    2 cores, spent while the launch goes on instead of before it (a fresh kernel's first launch
+    waited for it: 0.5 s, against 0.06 s without a view). A panel made meanwhile waits for it:
+    matplotlib's first import and fonts are not for two threads at once."""
+    global _warming
+    with _warm_lock:
+        if _warming is None:
+            _warming = threading.Thread(target=_warm, name="nbaccel-warm-up", daemon=True)
+            _warming.start()
+
+
+def _warm() -> None:
+    try:
+        Panel().render()
+    except Exception:
+        pass  # the first real panel raises it, where it is seen
+
+
 class Panel:
     """One figure redrawn with new data: its axes, ticks, lines and legend are made once and
     updated, not built again for every redraw."""
 
     def __init__(self) -> None:
+        if _warming is not None and _warming is not threading.current_thread():
+            _warming.join()  # matplotlib loaded, its fonts too, before this thread uses them
         from matplotlib.figure import Figure
 
         self.fig = Figure(figsize=(12, 3.4), dpi=80)  # no layout engine: it doubles the time

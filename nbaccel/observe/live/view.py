@@ -20,7 +20,6 @@ is given, and reads the counters' names from ``channel``; only what draws import
 
 from __future__ import annotations
 
-import functools
 import sys
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ...env import in_notebook
 from ..channel import TOTAL_STEPS
 from .line import progress, timing_line
-from .panel import Panel, has_a_curve
+from .panel import Panel, has_a_curve, warm_up
 
 if TYPE_CHECKING:
     from ..records import Run
@@ -123,13 +122,6 @@ def _isatty(stream) -> bool:
         return False
 
 
-@functools.cache
-def _warm_up() -> None:
-    """Import matplotlib and load its fonts, once a process: a second, paid when the first
-    view is made rather than in its first panel."""
-    Panel().render()
-
-
 class LiveView:
     """Redraw a ``Run`` through a front end, throttled; ``close()`` draws the final state."""
 
@@ -152,7 +144,7 @@ class LiveView:
         self._next_text = self._next_image = 0.0
         self._panel: Panel | None = None  # made at the first panel: most launches log nothing
         if self.frontend.draws:
-            _warm_up()  # while the workers start, not in the first panel
+            warm_up()  # in a thread, while the workers start: not in the launch, nor the panel
         self._seen = -1  # record count at the last panel, to skip redraws with nothing new
         self.closed = False
         #: said at ``close`` when the run recorded nothing (``hf.common.empty_hint``)
