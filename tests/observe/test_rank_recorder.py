@@ -88,6 +88,19 @@ def test_a_forked_child_reads_its_own_rss_not_its_parents():
     assert abs(float(reported) - float(own)) < 50, (reported, own)
 
 
+def test_without_procfs_rss_is_read_through_psutil(monkeypatch):
+    from nbaccel.observe import rank_recorder
+
+    def no_procfs(path, *args, **kwargs):
+        raise FileNotFoundError(path)
+
+    monkeypatch.setattr(rank_recorder, "_statm", None)
+    monkeypatch.setattr(rank_recorder.os, "open", no_procfs)
+    rss = rank_recorder._rss_mib()
+    assert rank_recorder._statm is False  # and no second try at every reading
+    assert abs(rss - psutil.Process().memory_info().rss / 2**20) < 50
+
+
 def test_a_platform_that_will_not_say_records_no_rss():
     recorder = Recorder(live=False, clock=Clock(), rss=lambda: None)
     recorder.log({"loss": 1.0}, samples=1)

@@ -93,6 +93,11 @@ class ConsoleFrontend:
         self._next_log = 0.0
         self._last = ""
 
+    def due(self) -> bool:
+        """Whether ``text`` would write now (a log writes a line every ``log_interval``); the
+        view skips making a line that nobody would see."""
+        return self.tty or self.clock() >= self._next_log
+
     def text(self, line: str) -> None:
         self._last = line
         if self.tty:
@@ -113,6 +118,10 @@ class ConsoleFrontend:
         elif not self.tty and self._last:
             self.stream.write(self._last + "\n")  # the final state, if not yet written
         self.stream.flush()
+
+
+def _yes() -> bool:
+    return True
 
 
 def _isatty(stream) -> bool:
@@ -156,14 +165,16 @@ class LiveView:
         now = self.clock()
         if not self._next_image:  # the first panel after a second of data, not at once
             self._next_image = now + self.image_interval
-        total = self._total(run)
-        if final or now >= self._next_text:
+        # only what is due is computed: in a loop run here, this is in the training's time
+        text_due = final or (now >= self._next_text and getattr(self.frontend, "due", _yes)())
+        image_due = self.frontend.draws and (final or now >= self._next_image)
+        total = self._total(run) if text_due or image_due else None
+        if text_due:
             text = progress(run, total)
             timed = timing_line(run) if final and run.finished else None
             self.frontend.text(f"{text}\n{timed}" if timed else text)
             self._next_text = now + self.text_interval
-        fresh = len(run.records) != self._seen and has_a_curve(run)
-        if self.frontend.draws and fresh and (final or now >= self._next_image):
+        if image_due and len(run.records) != self._seen and has_a_curve(run):
             started = self.clock()
             self._panel = self._panel or Panel()
             self.frontend.image(self._panel.png(run, total))

@@ -249,6 +249,26 @@ def test_a_log_gets_plain_lines_now_and_then_and_the_final_state():
     assert "loss 0.8333" in lines[0] and "loss 0.7292" in lines[1]  # mean of ranks latest
 
 
+def test_a_log_makes_only_the_lines_it_writes(monkeypatch):
+    """In a loop run in this process the view's work is in the training's time: a line the log
+    would not write is not made (nor the panel's test for a curve, with no panel to draw)."""
+    from nbaccel.observe.live import view as view_module
+
+    made = []
+    monkeypatch.setattr(view_module, "progress", lambda *a: made.append(a) or "a line")
+    monkeypatch.setattr(view_module, "has_a_curve", lambda run: made.append(run) or True)
+    clock = Clock()
+    front = ConsoleFrontend(io.StringIO(), tty=False, log_interval=10, clock=clock)
+    view = LiveView(front, text_interval=0.25, clock=clock)
+    run = a_run(steps=3)
+    for _ in range(80):  # 20 s of updates, 4 a second
+        view.update(run)
+        clock.now += 0.25
+    assert len(made) == 2  # at 0 s and 10 s: the log's lines
+    view.close(run)
+    assert len(made) == 3 and front.stream.getvalue().count("a line") == 3
+
+
 def test_a_saved_panel(tmp_path):
     run = a_run()
     LiveView(FakeFrontend(), save_png=str(tmp_path / "final.png")).close(run)
