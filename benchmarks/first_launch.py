@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import sys
@@ -36,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.launch import machine  # noqa: E402  (the machine's description, shared)
+from benchmarks.launch import machine, write  # noqa: E402  (the machine, the files: shared)
 from tests.kernel import Kernel  # noqa: E402  (a real kernel, driven by jupyter_client)
 
 NBACCEL = """
@@ -183,9 +182,7 @@ def main() -> None:
             for name, ts in runs.items()
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(report(results))
+    write(args.out, results, report(results))
     print(report(results))
 
 

@@ -32,7 +32,6 @@ import gc
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -204,21 +203,12 @@ def main() -> None:
         "machine": launch.machine(args.rounds, start_load),
         "rounds": args.rounds,
         "variants": {
-            name: {
-                key: {
-                    "median": statistics.median(x[key] for x in xs),
-                    "min": min(x[key] for x in xs),
-                    "max": max(x[key] for x in xs),
-                }
-                for key in ("idle", "kernel trained")
-            }
+            name: {key: launch.summary([x[key] for x in xs]) for key in ("idle", "kernel trained")}
             | {"all": xs}
             for name, xs in runs.items()
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(report(results))
+    launch.write(args.out, results, report(results))
     print(report(results))
 
 

@@ -336,9 +336,14 @@ def main() -> None:
     text = report(results)
     print(text)
     if opts.out:
-        opts.out.parent.mkdir(parents=True, exist_ok=True)
-        opts.out.write_text(json.dumps(results, indent=1) + "\n")
-        opts.out.with_suffix(".md").write_text(text + "\n")
+        write(opts.out, results, text + "\n", indent=1)
+
+
+def write(out: Path, results: dict, text: str, indent: int = 2) -> None:
+    """The results as JSON at ``out`` and their table as Markdown beside it (``.md``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=indent) + "\n")
+    out.with_suffix(".md").write_text(text)
 
 
 if __name__ == "__main__":
