@@ -19,7 +19,7 @@ launch after a 10 s pause took 0.06 s, its live view included: ``benchmarks/firs
 
 So ``start_method="forkserver"`` (the default) keeps one server per kernel and forks workers
 from it. In a Jupyter kernel that server is started when this module is first imported
-(``from nbaccel import notebook_launcher``), nbaccel's one start at import time, on purpose
+(``from nbaccel import notebook_launcher``): what nbaccel starts at import time, on purpose
 (``client.prestart``). It costs one core for the seconds its interpreter takes to import torch
 (while you write the next cells), then nothing but its memory (below); it waits in ``select``
 until a launch, and ends with the kernel (its socket closes). A thread loads the live view's

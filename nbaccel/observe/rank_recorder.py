@@ -266,7 +266,7 @@ def _rss_mib() -> float | None:
     """This process's resident set size in MiB, read a few times a second; None where the
     platform will not say. The process alone, not its children: see ``channel.RSS``. On Linux,
     ``/proc/self/statm`` through a descriptor kept open (psutil opens the file at every reading:
-    4 times the time, and the readings land in the training's steps); opened anew in a forked
+    6 times the time, and the readings land in the training's steps); opened anew in a forked
     child, whose PID differs (the inherited one is left alone: the child may have reused its
     number). Elsewhere psutil's ``Process``, kept likewise."""
     global _statm, _this_process

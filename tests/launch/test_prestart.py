@@ -78,6 +78,17 @@ def test_a_killed_server_is_said_and_the_next_launch_works(tmp_path):
         assert len(kernel.servers()) == 1 and kernel.servers()[0].pid != server.pid
 
 
+def test_a_dead_servers_end_is_said_as_it_is_known():
+    """How the message names a server's end (``client._ended``): a signal by name, a code as it
+    is, and a 0 as an end only: the server never exits by itself while the kernel holds its
+    socket, and Popen reports 0 when something else (a user's psutil ``wait``) reaped it."""
+    from nbaccel.launch.client import _ended
+
+    assert _ended(-9) == "was killed by SIGKILL"
+    assert _ended(3) == "exited with code 3"
+    assert _ended(0) == "ended"
+
+
 def test_the_kernel_takes_its_prestarted_server_along_when_it_shuts_down(tmp_path):
     with kernel_with(str(tmp_path), IMPORT) as kernel:
         (server,) = kernel.servers()

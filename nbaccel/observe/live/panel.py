@@ -62,8 +62,9 @@ _warm_lock = threading.Lock()
 
 def warm_up() -> None:
     """Import matplotlib and load its fonts in a thread, once a process: about half a second on
-    2 cores, spent while the launch goes on instead of before it (a fresh kernel's first launch
-    waited for it: 0.5 s, against 0.06 s without a view). A panel made meanwhile waits for it:
+    2 cores, spent in the background (a kernel's import, ``client.prestart``; else the launch's
+    start) instead of before the launch (a fresh kernel's first launch waited for it: 0.5 s,
+    against 0.06 s without a view). A panel made meanwhile waits for it, up to a minute:
     matplotlib's first import and fonts are not for two threads at once."""
     global _warming
     with _warm_lock:
@@ -85,7 +86,7 @@ class Panel:
 
     def __init__(self) -> None:
         if _warming is not None and _warming is not threading.current_thread():
-            _warming.join()  # matplotlib loaded, its fonts too, before this thread uses them
+            _warming.join(60)  # matplotlib and its fonts loaded before this thread uses them
         from matplotlib.figure import Figure
 
         self.fig = Figure(figsize=(12, 3.4), dpi=80)  # no layout engine: it doubles the time
