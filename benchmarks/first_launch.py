@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -35,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.launch import machine, write  # noqa: E402  (the machine, the files: shared)
+from benchmarks.launch import machine, machine_line, summary, write  # noqa: E402  (shared)
 from tests.kernel import Kernel  # noqa: E402  (a real kernel, driven by jupyter_client)
 
 NBACCEL = """
@@ -123,20 +122,12 @@ def one(cell: str, env: dict[str, str], pause: float, call: str) -> dict[str, fl
             kernel.shutdown()
 
 
-def summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def report(results: dict) -> str:
     m = results["machine"]
     lines = [
         "# The first launch in a fresh kernel, on CPU",
         "",
-        f"CPU: {m['cpu']}, {m['cores']} cores; Python {m['python']}; "
-        + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
-        + f"; {m['date']}; 1-min load {m['loadavg_1min'][0]:.1f} before, "
-        f"{m['loadavg_1min'][1]:.1f} after; {results['rounds']} rounds, each case in a fresh "
-        "kernel, round-robin.",
+        f"{machine_line(m)}; {results['rounds']} rounds, each case in a fresh kernel, round-robin.",
         "",
         "A trivial 2-worker launch timed inside the kernel, from the call to the return: the "
         "first after the import cell and the pause, then the next (warm). Median (min-max).",

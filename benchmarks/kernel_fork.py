@@ -165,10 +165,8 @@ def report(results: dict) -> str:
     lines = [
         "# The tree's memory if the worker server were forked from the kernel, on CPU",
         "",
-        f"CPU: {m['cpu']}, {m['cores']} cores; Python {m['python']}; "
-        + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
-        + f"; {m['date']}; {results['rounds']} rounds, each variant in a fresh process, "
-        "alternating.",
+        f"{launch.machine_line(m)}; {results['rounds']} rounds, each variant in a fresh "
+        "process, alternating.",
         "",
         "PSS (MiB) of the launching process, the server and 2 idle workers of `launch.py`'s job, "
         "the largest sample while all were alive. Median (min-max) over rounds.",

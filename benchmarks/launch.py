@@ -229,6 +229,17 @@ def summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def machine_line(m: dict) -> str:
+    """``machine()``'s description as a report's line: the CPU, Python, the versions, the date
+    and the load before and after the run."""
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+    before, after = m["loadavg_1min"]
+    return (
+        f"CPU: {m['cpu']}, {m['cores']} cores; Python {m['python']}; {versions}; {m['date']}; "
+        f"1-min load {before:.1f} before, {after:.1f} after"
+    )
+
+
 def ratio(values: list[float], baseline: list[float]) -> float:
     """Median of the per-round ratios: each pair ran seconds apart, under the same load."""
     return statistics.median(v / b for v, b in zip(values, baseline, strict=True))

@@ -190,9 +190,10 @@ class Run:
         return {rank: rate for rank, (rate, _) in self._live(name, window).items()}
 
     def live_span(self, name: str = SAMPLES, window: float = RATE_WINDOW_S) -> float | None:
-        """The seconds of records ``live_rate``'s rates are over: the longest rank's, ``window``
-        and a counters' interval at most while the loop counts, longer after a pause that
-        counted nothing (a rate over the pause too, and the progress line says so)."""
+        """The seconds of records ``live_rate``'s rates are over: the longest rank's. Less than
+        ``window`` in a run's first seconds; while the loop counts, ``window`` and at most one
+        step or counters' interval more; longer after a pause that counted nothing (a rate over
+        the pause too, and the progress line says so)."""
         spans = [span for _, span in self._live(name, window).values()]
         return max(spans) if spans else None
 
