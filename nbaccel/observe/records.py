@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from .channel import (
     BREAKDOWN,
@@ -35,15 +35,12 @@ from .channel import (
     UNMEASURED,
     Record,
 )
+from .straggler import Straggler, find_straggler
 
 #: The measured parts of a rank's loop (``breakdown``), by ``Run.breakdown``'s names.
 _PARTS = {"data": TIME_DATA, "compute": TIME_COMPUTE, "communication": TIME_COMMUNICATION}
 #: A straggler is judged on the whole run and again on about its last seconds.
 RECENT_S = 2.0
-#: ... where the others spend at least this share of their loop communicating,
-WAITING_SHARE = 0.15
-#: and the straggler at most this fraction of the least of theirs.
-CLEARLY_BELOW = 0.5
 
 
 @dataclass(frozen=True)
@@ -70,20 +67,6 @@ class Timing:
         return self.throughput
 
 
-@dataclass(frozen=True)
-class Straggler:
-    """The rank the others consistently wait for (``Run.straggler``).
-
-    ``cause``: what makes it slow, the part of its loop that exceeds the others' most.
-    ``waited``: the seconds each other rank spent waiting for it, on average: their mean
-    communication beyond the straggler's own.
-    """
-
-    rank: int
-    cause: Literal["data", "compute"]
-    waited: float
-
-
 @dataclass
 class Run:
     """Everything a launch recorded: metrics from every rank, results, failures, timings.
@@ -107,9 +90,10 @@ class Run:
         # so the live view's five-times-a-second progress line costs the same at any length.
         self._index: dict[tuple[str, int], list[Record]] = {}
         self._indexed = 0
-        # (name, window, rank) -> (records done, their times, their windowed rates): a point
-        # depends only on records at or before it, so each is computed once (``rates``)
-        self._rates: dict[tuple[str, float, int], tuple[int, list[float], list[float]]] = {}
+        # (name, window, rank) -> (records done, their times, their windowed rates, the
+        # shortest and longest span): a point depends only on records at or before it, so
+        # each is computed once (``rates``)
+        self._rates: dict[tuple[str, float, int], tuple[int, list, list, float, float]] = {}
 
     def reset(self) -> None:
         """Forget what was recorded (a restarted launch records from step 0 again); keep what
@@ -164,16 +148,34 @@ class Run:
         """``{rank: (seconds since start, per second)}`` from a cumulative counter: at each of a
         rank's records, its rate over its last ``window`` seconds (since its first record, while
         it has fewer), drawn only where that span is at least ``MIN_RATE_SPAN_S``. The live
-        panel's curves; their last points are ``live_rate``."""
+        panel's curves; their last points are ``live_rate``, their spans ``rate_spans``."""
+        return {
+            rank: ([t - self.started for t in times], list(values))
+            for rank, (times, values, *_) in self._points(name, window).items()
+        }
+
+    def rate_spans(
+        self, name: str = SAMPLES, window: float = RATE_WINDOW_S
+    ) -> tuple[float, float] | None:
+        """The shortest and longest span of ``rates``' points, any rank's (the panel's title
+        says them): ``window`` and at most a step more while the loop counts, less in a run's
+        first seconds, more after a pause. None before the first point."""
+        points = self._points(name, window).values()
+        return (min(p[2] for p in points), max(p[3] for p in points)) if points else None
+
+    def _points(self, name: str, window: float) -> dict[int, tuple[list, list, float, float]]:
         out = {}
         for rank, rs in self._by_rank(name).items():
-            done, times, values = self._rates.get((name, window, rank), (0, [], []))
-            for b, rate, _ in _windowed(rs[done:], window, rs):  # only the records new since
+            done, times, values, lo, hi = self._rates.get(
+                (name, window, rank), (0, [], [], float("inf"), 0.0)
+            )
+            for b, rate, span in _windowed(rs[done:], window, rs):  # the records new since
                 times.append(b.time)
                 values.append(rate)
-            self._rates[name, window, rank] = (len(rs), times, values)
+                lo, hi = min(lo, span), max(hi, span)
+            self._rates[name, window, rank] = (len(rs), times, values, lo, hi)
             if times:
-                out[rank] = ([t - self.started for t in times], list(values))
+                out[rank] = (times, values, lo, hi)
         return out
 
     def latest(self, name: str) -> dict[int, float]:
@@ -369,30 +371,3 @@ def _parts(measured: dict[str, float], loop: float) -> dict[str, float]:
     """The measured parts and "other", the rest of ``loop`` (never below zero)."""
     parts = {part: measured[part] for part in BREAKDOWN if part != "other"}
     return parts | {"other": max(loop - sum(parts.values()), 0.0)}
-
-
-def find_straggler(breakdown: dict[int, dict[str, float]]) -> Straggler | None:
-    """``Run.straggler``'s rule applied to one breakdown (``{rank: parts}``); None when no
-    rank stands out."""
-    shares = {
-        rank: parts["communication"] / total
-        for rank, parts in breakdown.items()
-        if (total := sum(parts.values())) > 0
-    }
-    if len(shares) < 2:
-        return None
-    rank = min(shares, key=shares.__getitem__)
-    others = [r for r in shares if r != rank]
-    least = min(shares[r] for r in others)
-    if least < WAITING_SHARE or shares[rank] > CLEARLY_BELOW * least:
-        return None
-    mine = breakdown[rank]
-
-    def excess(part: str) -> float:
-        return mine[part] - sum(breakdown[r][part] for r in others) / len(others)
-
-    cause = max(("data", "compute"), key=excess)
-    if excess(cause) <= 0:
-        return None  # slow elsewhere (evaluation, logging): not in data or compute
-    mean_wait = sum(breakdown[r]["communication"] for r in others) / len(others)
-    return Straggler(rank, cause, max(mean_wait - mine["communication"], 0.0))  # type: ignore[arg-type]

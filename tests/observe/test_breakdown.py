@@ -27,7 +27,8 @@ from nbaccel.observe.channel import (
     TIME_LOOP,
     Record,
 )
-from nbaccel.observe.records import Run, Straggler, find_straggler
+from nbaccel.observe.records import Run
+from nbaccel.observe.straggler import Straggler, find_straggler
 
 HANG = 120  # seconds: a launch that takes this long is hung, not slow
 NAMES = {"data": TIME_DATA, "compute": TIME_COMPUTE, "communication": TIME_COMMUNICATION}

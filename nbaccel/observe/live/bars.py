@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..channel import BREAKDOWN
 
 if TYPE_CHECKING:
-    from ..records import Straggler
+    from ..straggler import Straggler
 
 COLOURS = {"data": "tab:orange", "compute": "tab:blue", "communication": "tab:red"}
 COLOURS["other"] = "darkgray"  # the loop's own Python: logging, evaluation, checkpoints

@@ -14,7 +14,7 @@ import io
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ..channel import MIN_RATE_SPAN_S, MIN_WINDOW_S, RATE_WINDOW_S, RSS, SAMPLES
+from ..channel import MIN_RATE_SPAN_S, MIN_WINDOW_S, RSS, SAMPLES
 from .bars import BreakdownBars
 from .line import loss_name, progress, steps
 
@@ -95,7 +95,7 @@ class Panel:
         self.speed_ax.set(
             xlabel="seconds since the launch",
             ylabel="samples/s",
-            title=f"throughput (each point: the last {RATE_WINDOW_S:.0f} s)",
+            title="throughput",
         )
         self.loss_ax.set(xlabel="step", title="loss")
         # the process's resident set size, not the GPU's peak (that one is on the line)
@@ -131,6 +131,7 @@ class Panel:
             self.loss_ax.set(ylabel=name, title=name, xlabel=f"step ({unit})")
         self._empty[self.loss_ax].set_text("" if name else NOTHING_LOGGED)
         rates = run.rates(SAMPLES)
+        self.speed_ax.set_title(_speed_title(run.rate_spans(SAMPLES)))
         for rank, (times, values) in sorted(rates.items()):
             self._line(self.speed_ax, f"rank {rank}", _thin(times, values), lw=1, alpha=0.6)
         if len(rates) > 1:
@@ -190,6 +191,16 @@ class Panel:
         lines = sorted(ax.lines, key=lambda line: _legend_order(line.get_label()))
         loc = "upper right" if ax is self.loss_ax else "lower right"
         ax.legend(handles=lines, loc=loc, fontsize=8)
+
+
+def _speed_title(spans: tuple[float, float] | None) -> str:
+    """The throughput axes' title: the seconds its points' rates span (``Run.rate_spans``),
+    as the progress line says its own: "the last 3 s" while every point covers about the
+    window, "the last 1-3 s" early in a run, "the last 3-13 s" once a pause was crossed."""
+    if spans is None:
+        return "throughput"
+    lo, hi = (f"{span:.0f}" for span in spans)
+    return f"throughput (each point: the last {hi if lo == hi else f'{lo}-{hi}'} s)"
 
 
 def _no_rate(run: Run, window: float | None) -> str:

@@ -23,7 +23,7 @@ from nbaccel.observe.channel import (
     Record,
 )
 from nbaccel.observe.live.line import progress
-from nbaccel.observe.live.panel import NO_MEMORY, Panel, figure, png
+from nbaccel.observe.live.panel import NO_MEMORY, Panel, _speed_title, figure, png
 from nbaccel.observe.live.view import ConsoleFrontend, LiveView
 from nbaccel.observe.records import Run
 
@@ -201,6 +201,22 @@ def test_a_rate_over_a_pause_says_how_long_it_spans():
     assert run.live_span() == pytest.approx(10.0)
     assert run.live_samples_per_s() == pytest.approx(2 * 32 / 10.0)
     assert " | 6 samples/s (last 10 s) | " in progress(run, now=5012.0)
+
+
+def test_the_panel_says_the_seconds_its_points_span():
+    """The throughput curve's title says what its points' rates span, as the line says its own:
+    fewer seconds than the window early in a run, the pause once a point crossed one."""
+    panel = Panel()
+    run = a_run(start=5000.0)  # 32 samples every 0.1 s on each rank, to 5001.9
+    panel.update(run, now=5002.0)
+    assert run.rate_spans() == (pytest.approx(1.0), pytest.approx(1.9))
+    assert panel.speed_ax.get_title() == "throughput (each point: the last 1-2 s)"
+    run.add([Record(rank, 20, 5011.9, SAMPLES, 32.0 * 20) for rank in (0, 1)])  # 10 s later
+    panel.update(run, now=5012.0)
+    assert run.rate_spans()[1] == pytest.approx(10.0) == run.live_span()
+    assert panel.speed_ax.get_title() == "throughput (each point: the last 1-10 s)"
+    assert _speed_title((2.9, 3.2)) == "throughput (each point: the last 3 s)"  # one figure
+    assert Run().rate_spans() is None and _speed_title(None) == "throughput"
 
 
 def test_the_line_says_which_memory_it_shows_in_mib():
