@@ -14,6 +14,11 @@ batch's samples and device checked, the recorder's deadline tested, the accumula
 arithmetic, bf16's float32 output. No call of nbaccel's: what the step's own work costs, the
 least a step built otherwise could cost.
 
+Two variants sketch a fused step (``Fused``): the same bookkeeping reached through the calls a
+user's loop makes to Accelerate's API, one frame each, which is the least any design with that
+API and that bookkeeping could cost; then the same sketch finding the data's end from the
+loader's length instead of reading a batch ahead, as Accelerate and nbaccel do.
+
 Two more variants calibrate what Python costs in such a step: raw PyTorch's loop plus 30 or
 90 calls of small methods (each reads three attributes of its object and makes one small
 object), the kind of work a wrapper does. Their cost is measured twice: in the loop, from the
@@ -141,6 +146,117 @@ def inline(steps: int, accum: int, precision: str):
             asked = clock()
 
 
+class Fused:
+    """The least a step through Accelerate's calls could cost: ``inline``'s bookkeeping,
+    reached through the calls a user's loop makes (``accumulate`` and its block, ``backward``,
+    the optimizer's ``step`` and ``zero_grad``, the loader's ``next``, the model's forward),
+    each one frame that does its part of the work itself, on one object's attributes. No
+    separate window, recorder, breakdown or strategy: a sketch of a fused step, not nbaccel."""
+
+    def __init__(
+        self, model, optimizer, loader, accum: int, precision: str, read_ahead: bool = True
+    ) -> None:
+        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.read_ahead = read_ahead  # False: the data's end from the loader's length
+        self.accum, self.bf16 = accum, precision == "bf16"
+        self.clock, self.deadline_clock = time.perf_counter, time.monotonic
+        self.data = self.compute = 0.0
+        self.samples = self.optimizer_steps = self.micro = 0
+        self.deadline = self.deadline_clock() + 0.25
+        self.cpu = torch.device("cpu")
+        self.sync_gradients, self.holds_gradients, self.end = True, False, False
+        self.forward, model.forward = model.forward, self.timed_forward
+
+    def batches(self):
+        clock, cpu = self.clock, self.cpu
+        while True:
+            asked = clock()
+            batches = iter(self.loader)
+            current = next(batches, None)
+            left = len(self.loader)
+            while current is not None:
+                left -= 1
+                if self.read_ahead:  # as Accelerate and nbaccel find the data's end
+                    following = next(batches, None)
+                    self.end = following is None
+                else:  # counted: the next batch is made when it is asked for, as raw's is
+                    self.end = left == 0
+                x = current[0]
+                for t in current:
+                    if t.device != cpu:
+                        raise AssertionError("the batch left the CPU")
+                self.data += clock() - asked
+                self.samples += x.shape[0] if x.dim() else 1
+                if self.deadline_clock() >= self.deadline:
+                    self.deadline = self.deadline_clock() + 0.25
+                yield current
+                asked = clock()
+                current = following if self.read_ahead else next(batches, None)
+
+    def timed_forward(self, *args):
+        began = self.clock()
+        if self.bf16:
+            with torch.autocast("cpu", torch.bfloat16):
+                out = self.forward(*args)
+            out = out.float() if out.is_floating_point() else out
+        else:
+            out = self.forward(*args)
+        self.compute += self.clock() - began
+        return out
+
+    def accumulate(self, model):
+        return self
+
+    def __enter__(self) -> None:
+        if self.end:
+            self.micro, self.sync_gradients = 0, True
+        else:
+            self.micro += 1
+            self.sync_gradients = self.micro % self.accum == 0
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def backward(self, loss) -> None:
+        if not self.sync_gradients:
+            self.holds_gradients = True
+        began = self.clock()
+        (loss / self.accum if self.accum > 1 else loss).backward()
+        self.compute += self.clock() - began
+
+    def step(self) -> None:
+        if not self.sync_gradients:
+            return
+        began = self.clock()
+        self.optimizer.step()
+        self.compute += self.clock() - began
+        self.holds_gradients = False
+        self.optimizer_steps += 1
+        if self.deadline_clock() >= self.deadline:
+            self.deadline = self.deadline_clock() + 0.25
+
+    def zero_grad(self) -> None:
+        if not self.holds_gradients:
+            self.optimizer.zero_grad()
+
+
+def fused(read_ahead: bool = True):
+    """``overhead.accelerator_steps``' loop, as its user writes it, on ``Fused``."""
+
+    def build(steps: int, accum: int, precision: str):
+        model, optimizer, loader = make_parts(steps)
+        step = Fused(model, optimizer, loader, accum, precision, read_ahead)
+        for x, y in step.batches():
+            with step.accumulate(model):
+                loss = F.cross_entropy(model(x), y)
+                step.backward(loss)
+                step.step()
+                step.zero_grad()
+            yield loss
+
+    return build
+
+
 def python_chain(length: int):
     """``length`` calls, each a method of its own small class that reads three attributes of
     its object, makes one small object and calls the next: a wrapper's kind of Python."""
@@ -193,6 +309,8 @@ def variants() -> dict:
         "raw again": raw,
         **{f"raw + {n} Python calls": with_python(n) for n in CALLS},
         "raw + nbaccel's bookkeeping inline": inline,
+        "a fused step through Accelerate's calls": fused(),
+        "the same, without reading ahead": fused(read_ahead=False),
         "prepared DataLoader": partly("loader"),
         "prepared DataLoader, no recorder or breakdown": partly("bare loader"),
         "prepared optimizer": partly("optimizer"),
