@@ -9,6 +9,10 @@ Cases, each in a fresh kernel, round-robin (the first case rotates each round):
   prestart loaded its matplotlib in a thread: ``panel.warm_up``);
 - nbaccel, pause 10 s, live=False: the same without the view (this benchmark's only case before
   the warm-up: the view's first launch then imported matplotlib, about 0.45 s more);
+- nbaccel, pause 10 s, ``import nbaccel``: the package imported, not the launcher (the server
+  starts after that cell: ``nbaccel._prestart_once_bound``);
+- nbaccel, pause 10 s, no torch in the cells: the kernel never imports torch itself (the job
+  does, in the workers), so the launch's ``torch.distributed`` is imported by the prestart;
 - nbaccel, no pause: the launch right after the import cell, while the server still imports;
 - nbaccel, pause 10 s, prestart off (``NBACCEL_PRESTART=0``): the first launch starts the
   server, as every first launch did before the prestart;
@@ -42,6 +46,30 @@ import time, torch
 from nbaccel import Accelerator, notebook_launcher
 
 def job():
+    accelerator = Accelerator()
+    accelerator.reduce(torch.ones(1))
+    accelerator.end_training()
+
+def launch(live=True):
+    began = time.perf_counter()
+    notebook_launcher(job, num_processes=2, cpu=True, live=live)
+    return time.perf_counter() - began
+"""
+
+PACKAGE = (
+    NBACCEL.replace("from nbaccel import Accelerator, notebook_launcher", "import nbaccel")
+    .replace("Accelerator()", "nbaccel.Accelerator()")
+    .replace("    notebook_launcher(", "    nbaccel.notebook_launcher(")
+)
+
+NO_TORCH = """
+import time
+from nbaccel import notebook_launcher
+
+def job():
+    import torch
+    from nbaccel import Accelerator
+
     accelerator = Accelerator()
     accelerator.reduce(torch.ones(1))
     accelerator.end_training()
@@ -93,6 +121,8 @@ def cases(pause: float) -> dict[str, tuple[str, dict[str, str], float, str]]:
     found = {
         f"nbaccel, pause {pause:g} s": (NBACCEL, {}, pause, "launch()"),
         f"nbaccel, pause {pause:g} s, live=False": (NBACCEL, {}, pause, "launch(live=False)"),
+        f"nbaccel, pause {pause:g} s, `import nbaccel`": (PACKAGE, {}, pause, "launch()"),
+        f"nbaccel, pause {pause:g} s, no torch in the cells": (NO_TORCH, {}, pause, "launch()"),
         "nbaccel, no pause": (NBACCEL, {}, 0.0, "launch()"),
         f"nbaccel, pause {pause:g} s, prestart off": (NBACCEL, off, pause, "launch()"),
     }

@@ -9,6 +9,7 @@ for torch.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -126,3 +127,27 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS, *_MODULES])
+
+
+def _prestart_once_bound(*_: Any) -> None:
+    """In a Jupyter kernel, after each cell until the launcher is imported (its import starts
+    the worker server ahead: ``launch.client.prestart``): once the notebook holds the package
+    itself (``import nbaccel``), ``nbaccel.notebook_launcher`` is one attribute away, so the
+    server starts now, as the launcher's import would start it. ``from nbaccel import
+    Accelerator`` alone starts nothing."""
+    shell = sys.modules["IPython"].get_ipython()
+    launcher = f"{__name__}.launch.launcher" in sys.modules
+    package = sys.modules[__name__]
+    if launcher or any(value is package for value in list(shell.user_ns.values())):
+        shell.events.unregister("post_run_cell", _prestart_once_bound)
+        if not launcher:
+            from .launch.client import prestart
+
+            prestart()
+
+
+if "IPython" in sys.modules:  # a kernel's cells: docs/architecture.md names this exception
+    from .env import in_notebook
+
+    if in_notebook():
+        sys.modules["IPython"].get_ipython().events.register("post_run_cell", _prestart_once_bound)

@@ -9,8 +9,11 @@ In a Jupyter kernel the shared server is started ahead, when the launcher is imp
 imports torch, and the first launch waits only for what is left of that. Starting it does not
 wait for it (``Popen`` returns once the interpreter is exec'd; the first ``start`` is what waits
 for the server's imports, through its socket). The live view's matplotlib is loaded then too,
-in a thread of the kernel (``panel.warm_up``: 0.4 s of one core, 35 MiB), so the first launch
-does not wait for it either. Nowhere else does anything start at import.
+in a thread of the kernel (``panel.warm_up``: 0.4 s of one core, 35 MiB), and, unless the
+notebook imported it already, ``torch.distributed`` in another (``_import_torch``: the launch
+hosts the workers' store with it), so the first launch waits for neither. The package's own
+import in a kernel (``import nbaccel``) starts the same once the notebook holds the package
+(``nbaccel._prestart_once_bound``, after the cell). Nowhere else does anything start at import.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 from ..config import load_config
 from ..env import PRESTART_VAR, in_notebook
@@ -104,7 +108,20 @@ def prestart() -> ForkServer | None:
         return None  # a broken config file is said by the launch that reads it, not here
     server = _servers[os.getpid()] = ForkServer()
     warm_up()  # the view's first panel, in a thread: the first launch's view is then ready
+    if "torch.distributed" not in sys.modules:  # the launch hosts the workers' store with it
+        threading.Thread(target=_import_torch, name="nbaccel-torch-import", daemon=True).start()
     return server
+
+
+def _import_torch() -> None:
+    """What a launch needs of torch in the kernel: ``torch.distributed``, whose TCPStore is where
+    the workers meet (``rendezvous.py``). A notebook whose cells never imported torch (a first
+    launch of a function that prints its rank) would wait for it at the launch, about a second
+    on 2 cores. A cell that imports torch meanwhile waits for this import, not for a second."""
+    try:
+        import torch.distributed  # noqa: F401
+    except Exception:
+        pass  # the launch imports it again, and says what is wrong there
 
 
 def _ended(code: int) -> str:

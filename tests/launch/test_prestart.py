@@ -31,6 +31,43 @@ def test_importing_the_launcher_in_a_kernel_starts_the_server_the_first_launch_u
         no_workers_left(kernel)
 
 
+def test_importing_the_package_starts_the_server_once_the_notebook_holds_it(tmp_path):
+    """``import nbaccel`` puts ``nbaccel.notebook_launcher`` one attribute away: the server starts
+    after that cell, as the launcher's import would start it. ``from nbaccel import Accelerator``
+    alone starts nothing, until a later cell holds the package."""
+    with kernel_with(str(tmp_path), "import nbaccel\nimport os") as kernel:
+        servers = kernel.servers()
+        assert len(servers) == 1, servers
+        out = kernel.run(f"nbaccel.{TWO}")
+        assert out.error is None, out.error
+        assert out.value == "True"
+        assert kernel.servers() == servers  # the launch used it
+        no_workers_left(kernel)
+    with kernel_with(str(tmp_path), "from nbaccel import Accelerator", "x = 1") as kernel:
+        assert kernel.servers() == []
+        kernel.run("import nbaccel as nb")
+        assert len(kernel.servers()) == 1
+        hooks = "import IPython\nlen(IPython.get_ipython().events.callbacks['post_run_cell'])"
+        before = kernel.run(hooks).value
+        kernel.run("y = 2")  # the hook left with its work done: no scan after every cell
+        assert kernel.run(hooks).value == before
+
+
+TORCH = (
+    "import sys, threading\n"
+    "[t.join(300) for t in threading.enumerate() if t.name == 'nbaccel-torch-import']\n"
+    "'torch.distributed' in sys.modules"
+)
+
+
+def test_a_notebook_without_torch_gets_torch_distributed_imported_ahead(tmp_path):
+    """The launch hosts the workers' store with ``torch.distributed``: a notebook whose cells
+    never imported torch would wait for it at its first launch (about a second), so the import
+    loads it in a thread of the kernel. The verdict is the module being there."""
+    with kernel_with(str(tmp_path), IMPORT) as kernel:
+        assert kernel.run(TORCH).value == "True"
+
+
 WARMED = (
     "import sys\n"
     "from nbaccel.observe.live import panel\n"
@@ -61,6 +98,7 @@ def test_opting_out_starts_nothing_until_the_first_launch(tmp_path, how):
         unwarmed = "import sys\nfrom nbaccel.observe.live import panel\n"
         unwarmed += "panel._warming is None and 'matplotlib' not in sys.modules"
         assert kernel.run(unwarmed).value == "True"  # no thread either
+        assert kernel.run("import sys\n'torch' in sys.modules").value == "False"  # nor torch
         assert kernel.run(TWO).value == "True"  # the launch starts it, as before
         assert len(kernel.servers()) == 1
 
