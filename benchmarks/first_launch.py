@@ -62,23 +62,10 @@ PACKAGE = (
     .replace("    notebook_launcher(", "    nbaccel.notebook_launcher(")
 )
 
-NO_TORCH = """
-import time
-from nbaccel import notebook_launcher
-
-def job():
-    import torch
-    from nbaccel import Accelerator
-
-    accelerator = Accelerator()
-    accelerator.reduce(torch.ones(1))
-    accelerator.end_training()
-
-def launch(live=True):
-    began = time.perf_counter()
-    notebook_launcher(job, num_processes=2, cpu=True, live=live)
-    return time.perf_counter() - began
-"""
+NO_TORCH = NBACCEL.replace(  # the kernel never imports torch: the job does, in the workers
+    "import time, torch\nfrom nbaccel import Accelerator, notebook_launcher",
+    "import time\nfrom nbaccel import notebook_launcher",
+).replace("def job():\n", "def job():\n    import torch\n    from nbaccel import Accelerator\n\n")
 
 ACCELERATE = """
 import os, socket, time, torch, torch.distributed as dist

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import (
     MODES,
+    accelerator_steps,
     cell,
     machine,
     make_parts,
@@ -167,31 +168,30 @@ class Fused:
         self.sync_gradients, self.holds_gradients, self.end = True, False, False
         self.forward, model.forward = model.forward, self.timed_forward
 
-    def batches(self):
+    def __iter__(self):  # one pass of the loader
         clock, cpu = self.clock, self.cpu
-        while True:
+        asked = clock()
+        batches = iter(self.loader)
+        current = next(batches, None)
+        left = len(self.loader)
+        while current is not None:
+            left -= 1
+            if self.read_ahead:  # as Accelerate and nbaccel find the data's end
+                following = next(batches, None)
+                self.end = following is None
+            else:  # counted: the next batch is made when it is asked for, as raw's is
+                self.end = left == 0
+            x = current[0]
+            for t in current:
+                if t.device != cpu:
+                    raise AssertionError("the batch left the CPU")
+            self.data += clock() - asked
+            self.samples += x.shape[0] if x.dim() else 1
+            if self.deadline_clock() >= self.deadline:
+                self.deadline = self.deadline_clock() + 0.25
+            yield current
             asked = clock()
-            batches = iter(self.loader)
-            current = next(batches, None)
-            left = len(self.loader)
-            while current is not None:
-                left -= 1
-                if self.read_ahead:  # as Accelerate and nbaccel find the data's end
-                    following = next(batches, None)
-                    self.end = following is None
-                else:  # counted: the next batch is made when it is asked for, as raw's is
-                    self.end = left == 0
-                x = current[0]
-                for t in current:
-                    if t.device != cpu:
-                        raise AssertionError("the batch left the CPU")
-                self.data += clock() - asked
-                self.samples += x.shape[0] if x.dim() else 1
-                if self.deadline_clock() >= self.deadline:
-                    self.deadline = self.deadline_clock() + 0.25
-                yield current
-                asked = clock()
-                current = following if self.read_ahead else next(batches, None)
+            current = following if self.read_ahead else next(batches, None)
 
     def timed_forward(self, *args):
         began = self.clock()
@@ -246,13 +246,7 @@ def fused(read_ahead: bool = True):
     def build(steps: int, accum: int, precision: str):
         model, optimizer, loader = make_parts(steps)
         step = Fused(model, optimizer, loader, accum, precision, read_ahead)
-        for x, y in step.batches():
-            with step.accumulate(model):
-                loss = F.cross_entropy(model(x), y)
-                step.backward(loss)
-                step.step()
-                step.zero_grad()
-            yield loss
+        return accelerator_steps(step, model, step, step)  # the Accelerator, optimizer, loader
 
     return build
 
