@@ -195,8 +195,9 @@ class Panel:
 
 def _speed_title(spans: tuple[float, float] | None) -> str:
     """The throughput axes' title: the seconds its points' rates span (``Run.rate_spans``),
-    as the progress line says its own: "the last 3 s" while every point covers about the
-    window, "the last 1-3 s" early in a run, "the last 3-13 s" once a pause was crossed."""
+    as the progress line says its own: "the last 1-3 s" in a run (its first points cover less
+    than the window), "the last 1-13 s" once a point crossed a 10 s pause that counted nothing,
+    "the last 3 s" when every point covers about the window."""
     if spans is None:
         return "throughput"
     lo, hi = (f"{span:.0f}" for span in spans)
