@@ -43,14 +43,17 @@ def test_importing_the_package_starts_the_server_once_the_notebook_holds_it(tmp_
         assert out.value == "True"
         assert kernel.servers() == servers  # the launch used it
         no_workers_left(kernel)
+    hooked = (
+        "import IPython\n"
+        "any(getattr(f, '__name__', '') == '_prestart_once_bound'"
+        " for f in IPython.get_ipython().events.callbacks['post_run_cell'])"
+    )
     with kernel_with(str(tmp_path), "from nbaccel import Accelerator", "x = 1") as kernel:
         assert kernel.servers() == []
+        assert kernel.run(hooked).value == "True"  # still watching the cells
         kernel.run("import nbaccel as nb")
         assert len(kernel.servers()) == 1
-        hooks = "import IPython\nlen(IPython.get_ipython().events.callbacks['post_run_cell'])"
-        before = kernel.run(hooks).value
-        kernel.run("y = 2")  # the hook left with its work done: no scan after every cell
-        assert kernel.run(hooks).value == before
+        assert kernel.run(hooked).value == "False"  # its work done: no scan after every cell
 
 
 TORCH = (
