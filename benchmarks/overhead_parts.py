@@ -157,7 +157,7 @@ class Fused:
     def __init__(
         self, model, optimizer, loader, accum: int, precision: str, read_ahead: bool = True
     ) -> None:
-        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.optimizer, self.loader = optimizer, loader
         self.read_ahead = read_ahead  # False: the data's end from the loader's length
         self.accum, self.bf16 = accum, precision == "bf16"
         self.clock, self.deadline_clock = time.perf_counter, time.monotonic
