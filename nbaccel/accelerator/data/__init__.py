@@ -4,6 +4,7 @@
 * ``samplers``: the samplers that draw each rank's batches, and a shuffle seeded per epoch;
 * ``streams``: an IterableDataset that every rank reads, keeping its slices;
 * ``dispatch``: rank 0 reads, every rank gets its slice (``dispatch_batches=True``);
-* ``loader``: the prepared loader, one batch ahead, and how an interrupted pass resumes;
+* ``loader``: the prepared loader, which knows its last batch, and how an interrupted pass
+  resumes;
 * ``prepare``: Accelerate's free ``prepare_data_loader``, on the same pieces.
 """

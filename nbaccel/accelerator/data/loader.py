@@ -1,5 +1,5 @@
-"""The prepared DataLoader: this rank's batches, on the device, one batch ahead; and how a
-pass that a killed run left halfway resumes where it stopped.
+"""The prepared DataLoader: this rank's batches, on the device, the last one known before it
+is yielded; and how a pass that a killed run left halfway resumes where it stopped.
 
 ``Accelerator.prepare`` builds it (``data.prepare_dataloader``) around the sharded loader.
 Resuming: ``save_state`` keeps each loader's ``state_dict()`` (its epoch and, for a pass in
@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from ...errors import NbaccelError
 from ...tensors import samples_in, send_to_device
 from .dispatch import DispatchedDataLoader
-from .samplers import Replay, ShardedBatchSampler, fixed_batch_size
+from .samplers import Replay, ShardedBatchSampler, counted_batches, fixed_batch_size
 from .streams import IterableDatasetShard
 
 if TYPE_CHECKING:
@@ -113,10 +113,13 @@ class SkippedDataLoader:
 class PreparedDataLoader:
     """Iterates a (sharded) DataLoader and yields batches already on ``device``.
 
-    It looks one batch ahead so that it knows, before yielding it, which batch is the last:
-    ``accumulate`` then syncs gradients there even if the window is not full. Like Accelerate's
-    loader it counts epochs: each pass starts with ``set_epoch(epoch)``, and a complete pass
-    adds one.
+    It knows, before yielding it, which batch is the last: ``accumulate`` then syncs gradients
+    there even if the window is not full. Like Accelerate's loader it reads one batch ahead to
+    know, except where counting is exact and changes nothing else (``counted_batches``: a
+    TensorDataset read in this process, as the lessons' data is): a batch made a step before
+    it is used costs a small step's forward time (``benchmarks/results/overhead-cpu.md``).
+    Like Accelerate's loader it counts epochs: each pass starts with ``set_epoch(epoch)``, and
+    a complete pass adds one.
     """
 
     def __init__(
@@ -213,6 +216,8 @@ class PreparedDataLoader:
             if replaying is not None:  # the pass's own draws, from the state they came from
                 replaying.resumed = torch.get_rng_state()
                 torch.set_rng_state(replay)  # type: ignore[arg-type]
+            # a batch sampler of known length: the last batch counted, each read when asked
+            left = counted_batches(loader) if loader is self.loader else None
             try:
                 batches = iter(loader)
                 current = next(batches, _DONE)
@@ -225,7 +230,11 @@ class PreparedDataLoader:
             breakdown, yielded = self.breakdown, skip
             clock = None if breakdown is None else breakdown.clock
             while current is not _DONE:
-                following = next(batches, _DONE)  # read ahead: the wait for it is this batch's
+                if left is None:
+                    following = next(batches, _DONE)  # read ahead: the wait for it is this batch's
+                else:
+                    left -= 1
+                    following = _LATER if left > 0 else _DONE
                 if following is _DONE:  # the sampler is spent: it knows how the epoch ended
                     frame.end = True
                     frame.remainder = self._remainder()
@@ -240,7 +249,13 @@ class PreparedDataLoader:
                 self._progress = (begun, yielded)
                 yield batch
                 asked = None if clock is None else clock()
-                current = following
+                current = following if following is not _LATER else next(batches, _DONE)
+            if left is not None and (left or next(batches, _DONE) is not _DONE):
+                raise NbaccelError(  # counted_batches trusts no sampler whose length is not exact
+                    f"this pass of the DataLoader yielded {'fewer' if left else 'more'} batches "
+                    f"than its length, {len(loader)}, so its last batch was not the one counted "
+                    "as last. This is a bug in nbaccel's counted_batches: please report it."
+                )
             self.epoch += 1
             if self.on_end is not None:
                 self.on_end()
@@ -310,3 +325,4 @@ def _samplers(batch_sampler: Any) -> Iterator[Any]:
 
 
 _DONE = object()
+_LATER = object()  # the next batch, not read yet

@@ -11,7 +11,15 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import RandomSampler, Sampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    TensorDataset,
+    default_collate,
+)
 
 
 class SeedableRandomSampler(RandomSampler):
@@ -148,6 +156,32 @@ class ShardedBatchSampler(Sampler[list[int]]):
         batches = copy.copy(self.batch_sampler)
         batches.sampler = sampler  # type: ignore[union-attr]
         return batches
+
+
+def counted_batches(loader: Any) -> int | None:
+    """How many batches a pass of ``loader`` yields, where that is known without reading one
+    ahead and reading a batch only when it is asked for changes nothing else; else None.
+
+    That is: a plain ``DataLoader`` over a ``TensorDataset`` read in this process with the
+    default collate (indexing tensors draws no random numbers, so the RNG's draws fall in the
+    same order against the model's as when reading ahead, and the numbers are Accelerate's),
+    batched by torch's ``BatchSampler``, or nbaccel's shard of one, over a sequential or random
+    sampler (their lengths are exact)."""
+    if (
+        type(loader) is not DataLoader
+        or type(loader.dataset) is not TensorDataset
+        or loader.num_workers
+        or loader.collate_fn is not default_collate
+    ):
+        return None
+    batches = loader.batch_sampler
+    inner = batches.batch_sampler if type(batches) is ShardedBatchSampler else batches
+    if type(inner) is not BatchSampler or type(inner.sampler) not in _EXACT:
+        return None
+    return len(batches)
+
+
+_EXACT = (SequentialSampler, RandomSampler, SeedableRandomSampler)
 
 
 def _draws_from_global_rng(sampler: Any) -> bool:
