@@ -203,9 +203,13 @@ class AutocastForward:
 
     def __init__(self, forward: Any, precision: Precision) -> None:
         self.forward, self.precision = forward, precision
+        # precision.autocast()'s arguments, read once: a call less on every forward (0.4% of
+        # a 2 ms bf16 step on CPU, benchmarks/results/overhead-cpu.md)
+        self._where = (precision.device.type, precision.dtype)
+        self._kwargs = precision.autocast_kwargs
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with self.precision.autocast():
+        with torch.autocast(*self._where, **self._kwargs):
             out = self.forward(*args, **kwargs)
         if type(out) is torch.Tensor:  # the common output: _float32 without map_tensors
             return out.float() if out.is_floating_point() else out
