@@ -116,8 +116,8 @@ class PreparedDataLoader:
     It knows, before yielding it, which batch is the last: ``accumulate`` then syncs gradients
     there even if the window is not full. Like Accelerate's loader it reads one batch ahead to
     know, except where counting is exact and changes nothing else (``counted_batches``: a
-    TensorDataset read in this process, as the lessons' data is): a batch made a step before
-    it is used costs a small step's forward time (``benchmarks/results/overhead-cpu.md``).
+    TensorDataset read in this process, as the lessons' data is): reading ahead cost a small
+    CPU step about 0.5% (``benchmarks/results/overhead-cpu.md``).
     Like Accelerate's loader it counts epochs: each pass starts with ``set_epoch(epoch)``, and
     a complete pass adds one.
     """
