@@ -166,7 +166,9 @@ def counted_batches(loader: Any) -> int | None:
     default collate (indexing tensors draws no random numbers, so the RNG's draws fall in the
     same order against the model's as when reading ahead, and the numbers are Accelerate's),
     batched by torch's ``BatchSampler``, or nbaccel's shard of one, over a sequential or random
-    sampler (their lengths are exact)."""
+    sampler (their lengths are exact). A random sampler counts only with a generator of its
+    own: one given to the DataLoader may be drawn from by the loop too, and the sampler draws
+    from it as it goes (``replacement=True``, and at a pass's end)."""
     if (
         type(loader) is not DataLoader
         or type(loader.dataset) is not TensorDataset
@@ -177,6 +179,8 @@ def counted_batches(loader: Any) -> int | None:
     batches = loader.batch_sampler
     inner = batches.batch_sampler if type(batches) is ShardedBatchSampler else batches
     if type(inner) is not BatchSampler or type(inner.sampler) not in _EXACT:
+        return None
+    if type(inner.sampler) is RandomSampler and inner.sampler.generator is not None:
         return None
     return len(batches)
 

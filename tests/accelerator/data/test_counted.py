@@ -94,6 +94,8 @@ def test_only_loaders_of_exact_length_and_no_side_effects_are_counted():
     assert counted_batches(DataLoader(data, batch_size=3, num_workers=2)) is None
     assert counted_batches(DataLoader(data, batch_size=3, collate_fn=lambda b: b)) is None
     assert counted_batches(DataLoader(data, batch_size=None)) is None  # no batch sampler
+    mine = torch.Generator().manual_seed(0)  # the loop may draw from it too
+    assert counted_batches(DataLoader(data, batch_size=3, shuffle=True, generator=mine)) is None
 
     class Lengthy(SequentialSampler):
         pass
