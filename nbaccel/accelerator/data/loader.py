@@ -114,10 +114,10 @@ class PreparedDataLoader:
     """Iterates a (sharded) DataLoader and yields batches already on ``device``.
 
     It knows, before yielding it, which batch is the last: ``accumulate`` then syncs gradients
-    there even if the window is not full. Like Accelerate's loader it reads one batch ahead to
-    know, except where counting is exact and changes nothing else (``counted_batches``: a
-    TensorDataset read in this process, as the lessons' data is): reading ahead cost a small
-    CPU step about 0.5% (``benchmarks/results/overhead-cpu.md``).
+    there even if the window is not full. To know it, it reads one batch ahead, as
+    Accelerate's loader does, except where counting is exact and changes nothing else
+    (``counted_batches``: a TensorDataset read in this process, as the lessons' data is):
+    reading ahead cost a small CPU step about 0.5% (``benchmarks/results/overhead-cpu.md``).
     Like Accelerate's loader it counts epochs: each pass starts with ``set_epoch(epoch)``, and
     a complete pass adds one.
     """
