@@ -202,7 +202,7 @@ class AutocastForward:
     """A model's forward run under autocast, its floating outputs returned as float32."""
 
     def __init__(self, forward: Any, precision: Precision) -> None:
-        self.forward, self.precision = forward, precision
+        self.forward = forward
         # precision.autocast()'s arguments, read once: a call and an import statement less on
         # every forward
         self._where = (precision.device.type, precision.dtype)
