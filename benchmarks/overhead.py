@@ -4,7 +4,10 @@ One small training loop (an MLP 512 wide, batch 64, SGD, synthetic data in memor
 through a DataLoader) is written once per framework, as its user would write it, and timed in
 three modes: "plain" (float32), "accumulation 4" (a real step every 4th micro-batch) and "bf16"
 (autocast). HF Accelerate and Lightning Fabric join as extra columns when they are installed
-(`pip install -c constraints.txt -e '.[bench]'`).
+(`pip install -c constraints.txt -e '.[bench]'`). ``--size lesson`` times the same modes on
+lesson 5's step instead (``MLP(64, 256, 10)``, batch 32, SGD with momentum 0.9; about a quarter
+of the benchmark's step on a CPU): the steps the lessons train, where a fixed cost per step is a
+larger share.
 
 The machine may be shared and noisy, so every variant runs in this one process, and the
 variants take turns a few steps at a time. Each round builds every variant afresh (the same
@@ -37,6 +40,7 @@ MLflow's queue), so that work is counted in its own trial. The loop also times i
     python benchmarks/overhead.py [--rounds 25] [--steps N] [--threads 1] [--out FILE.json]
     python benchmarks/overhead.py --only trackers   # the trackers alone: results/trackers-cpu
     python benchmarks/overhead.py --only modes --before REV  # nbaccel at REV beside this one
+    python benchmarks/overhead.py --only modes --size lesson  # lesson 5's smaller step
 """
 
 from __future__ import annotations
@@ -70,25 +74,28 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import nbaccel
 from nbaccel.env import BREAKDOWN_VAR
+from nbaccel.lessons import MLP
 from nbaccel.observe.trackers.general import installed
 
 MODES = {"plain": (1, "no"), "accumulation 4": (4, "no"), "bf16": (1, "bf16")}  # accum, precision
 WIDTH, BATCH, LR = 512, 64, 1e-3
+SIZES = {  # the step measured: inputs, hidden width, batch, SGD's lr and momentum
+    "benchmark": (WIDTH, WIDTH, BATCH, LR, 0.0),  # the loop issue 36's 0.99 is judged on
+    "lesson": (64, 256, 32, 0.05, 0.9),  # lesson 5's: MLP(64, 256, 10) on the digits' shape
+}
+SIZE = "benchmark"  # main's --size
 REBUILD = 5  # rounds between fresh models, optimizers and loaders (the trackers' trials)
 BLOCK = 4  # steps a variant runs at each of its turns: one window of accumulation 4
 
 
 def make_parts(steps: int):
     """The same model (same initial weights), optimizer and data for every variant."""
+    inputs, width, batch, lr, momentum = SIZES[SIZE]
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
-        torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
-        torch.nn.Linear(WIDTH, 10),
-    )  # fmt: skip
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    data = TensorDataset(torch.randn(steps * BATCH, WIDTH), torch.randint(0, 10, (steps * BATCH,)))
-    return model, optimizer, DataLoader(data, batch_size=BATCH)
+    model = MLP(inputs, width, 10)  # Linear, ReLU, Linear, ReLU, Linear
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    data = TensorDataset(torch.randn(steps * batch, inputs), torch.randint(0, 10, (steps * batch,)))
+    return model, optimizer, DataLoader(data, batch_size=batch)
 
 
 def raw(steps: int, accum: int, precision: str):
@@ -564,7 +571,8 @@ def to_markdown(report: dict) -> str:
         f"CPU: {m['cpu']}, {m['cores']} cores; torch.set_num_threads({m['threads']}); "
         f"torch {m['torch']}; Python {m['python']}; nbaccel {m['nbaccel']}; {m['date']}; "
         f"1-min load {load['before']:.1f} before, {load['after']:.1f} after.",
-        f"MLP {c['width']} wide, batch {c['batch']}, {c['optimizer']}; {c['rounds']} rounds of "
+        f"MLP {c['width']} wide, {c['inputs']} inputs ({c['size']}'s step), batch {c['batch']}, "
+        f"{c['optimizer']}; {c['rounds']} rounds of "
         "N steps per variant. Ratio: variant / baseline steps/s in the same round. Median (IQR).",
     ]
     if report["modes"]:
@@ -665,6 +673,10 @@ def main() -> None:
     parser.add_argument(
         "--before", metavar="REV", help="the modes: also nbaccel at git revision REV, paired"
     )
+    parser.add_argument(
+        "--size", choices=list(SIZES), default="benchmark",
+        help="the modes' step: the benchmark's, or lesson 5's (results/overhead-lesson-cpu)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be at least 2, for a median and quartiles")
@@ -673,8 +685,15 @@ def main() -> None:
             f"--steps must be a multiple of {BLOCK}: the variants take turns {BLOCK} steps at a "
             "time, and every accumulation window is full"
         )
+    if args.size != "benchmark" and args.only != "modes":
+        parser.error(f"--size {args.size} measures the modes alone: add --only modes")
+    global SIZE
+    SIZE = args.size
     torch.set_num_threads(args.threads)
-    config = {"width": WIDTH, "batch": BATCH, "optimizer": f"SGD(lr={LR})", "rounds": args.rounds}
+    inputs, width, batch, lr, momentum = SIZES[SIZE]
+    optimizer = f"SGD(lr={lr}, momentum={momentum})" if momentum else f"SGD(lr={lr})"
+    config = {"size": SIZE, "inputs": inputs, "width": width, "batch": batch,
+              "optimizer": optimizer, "rounds": args.rounds}  # fmt: skip
     load = {"before": os.getloadavg()[0]}
     report = {"machine": machine(args.threads), "config": config, "load": load, "modes": {}}
     if args.only != "trackers":
@@ -687,6 +706,8 @@ def main() -> None:
         report["trackers"] = run_trials("plain", trackers, args.rounds, args.steps)
     load["after"] = os.getloadavg()[0]
     name = "trackers-cpu.json" if args.only == "trackers" else "overhead-cpu.json"
+    if SIZE != "benchmark":
+        name = f"overhead-{SIZE}-cpu.json"
     title = "Experiment trackers' cost" if args.only == "trackers" else "Training-loop overhead"
     write(Path(args.out or Path("benchmarks/results") / name), report, to_markdown(report), title)
 

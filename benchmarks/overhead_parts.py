@@ -30,6 +30,7 @@ A variant's cost in microseconds a step: ``(1 / ratio - 1)`` times raw PyTorch's
 in the same round, the median over rounds.
 
     python benchmarks/overhead_parts.py [--rounds 30] [--modes plain bf16] [--out FILE.json]
+    python benchmarks/overhead_parts.py --size lesson  # lesson 5's step (overhead.py's --size)
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import overhead  # its SIZE: make_parts' step
 from overhead import (
     MODES,
     accelerator_steps,
@@ -323,12 +325,17 @@ def added_us(result: dict, name: str) -> dict:
 
 
 def to_markdown(report: dict) -> str:
-    m = report["machine"]
+    m, size = report["machine"], report.get("size")
+    step = "" if size is None else (
+        f", {size['name']}'s step (MLP {size['width']} wide, {size['inputs']} inputs, batch "
+        f"{size['batch']}, SGD(lr={size['lr']}, momentum={size['momentum']}))"
+    )  # fmt: skip
     lines = [
         f"CPU: {m['cpu']}, {m['cores']} cores; torch.set_num_threads({m['threads']}); "
         f"torch {m['torch']}; Python {m['python']}; nbaccel {m['nbaccel']}; {m['date']}; "
         f"1-min load {report['load']['before']:.1f} before, {report['load']['after']:.1f} after.",
-        f"{report['rounds']} rounds; `overhead.py`'s loop and method. Median (IQR) over rounds.",
+        f"{report['rounds']} rounds; `overhead.py`'s loop and method{step}. Median (IQR) over "
+        "rounds.",
         "",
         "| mode | variant | ratio to raw | added per step, us |",
         "|---|---|---:|---:|",
@@ -355,12 +362,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default="benchmarks/results/overhead-parts-cpu.json")
+    parser.add_argument("--size", choices=list(overhead.SIZES), default="benchmark")
+    parser.add_argument("--out", help="JSON file (default: results/overhead-parts[-SIZE]-cpu.json)")
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be at least 2, for a median and quartiles")
+    overhead.SIZE = args.size  # make_parts' step
     torch.set_num_threads(args.threads)
     report = {"machine": machine(args.threads), "rounds": args.rounds, "modes": {}}
+    report["size"] = dict(zip(("inputs", "width", "batch", "lr", "momentum"),
+                              overhead.SIZES[args.size], strict=True), name=args.size)  # fmt: skip
     report["load"] = {"before": os.getloadavg()[0]}
     report["hot_us"] = {str(n): round(hot_us(n), 2) for n in CALLS}
     for mode in args.modes:
@@ -368,7 +379,9 @@ def main() -> None:
         result["added_us"] = {name: added_us(result, name) for name in result["variants"]}
         report["modes"][mode] = result
     report["load"]["after"] = os.getloadavg()[0]
-    write(Path(args.out), report, to_markdown(report), "Per-step cost, part by part,")
+    size = "" if args.size == "benchmark" else f"-{args.size}"
+    out = Path(args.out or f"benchmarks/results/overhead-parts{size}-cpu.json")
+    write(out, report, to_markdown(report), "Per-step cost, part by part,")
 
 
 if __name__ == "__main__":
