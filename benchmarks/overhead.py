@@ -98,6 +98,21 @@ def make_parts(steps: int):
     return model, optimizer, DataLoader(data, batch_size=batch)
 
 
+def step_config(size: str) -> dict:
+    """What ``make_parts`` builds at ``size``, as a result records it."""
+    inputs, width, batch, lr, momentum = SIZES[size]
+    optimizer = f"SGD(lr={lr}, momentum={momentum})" if momentum else f"SGD(lr={lr})"
+    return {"size": size, "inputs": inputs, "width": width, "batch": batch, "optimizer": optimizer}
+
+
+def step_text(c: dict) -> str:
+    """``step_config``'s step in words, for a result's header."""
+    return (
+        f"MLP {c['width']} wide, {c['inputs']} inputs ({c['size']}'s step), batch {c['batch']}, "
+        f"{c['optimizer']}"
+    )
+
+
 def raw(steps: int, accum: int, precision: str):
     """Raw PyTorch's loop, one micro-batch per ``next``, which returns its loss; the loader's
     passes follow each other without end (a pass is ``steps`` micro-batches)."""
@@ -571,9 +586,8 @@ def to_markdown(report: dict) -> str:
         f"CPU: {m['cpu']}, {m['cores']} cores; torch.set_num_threads({m['threads']}); "
         f"torch {m['torch']}; Python {m['python']}; nbaccel {m['nbaccel']}; {m['date']}; "
         f"1-min load {load['before']:.1f} before, {load['after']:.1f} after.",
-        f"MLP {c['width']} wide, {c['inputs']} inputs ({c['size']}'s step), batch {c['batch']}, "
-        f"{c['optimizer']}; {c['rounds']} rounds of "
-        "N steps per variant. Ratio: variant / baseline steps/s in the same round. Median (IQR).",
+        f"{step_text(c)}; {c['rounds']} rounds of N steps per variant. Ratio: variant / "
+        "baseline steps/s in the same round. Median (IQR).",
     ]
     if report["modes"]:
         lines.append(
@@ -690,10 +704,7 @@ def main() -> None:
     global SIZE
     SIZE = args.size
     torch.set_num_threads(args.threads)
-    inputs, width, batch, lr, momentum = SIZES[SIZE]
-    optimizer = f"SGD(lr={lr}, momentum={momentum})" if momentum else f"SGD(lr={lr})"
-    config = {"size": SIZE, "inputs": inputs, "width": width, "batch": batch,
-              "optimizer": optimizer, "rounds": args.rounds}  # fmt: skip
+    config = {**step_config(SIZE), "rounds": args.rounds}
     load = {"before": os.getloadavg()[0]}
     report = {"machine": machine(args.threads), "config": config, "load": load, "modes": {}}
     if args.only != "trackers":

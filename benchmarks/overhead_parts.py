@@ -58,6 +58,8 @@ from overhead import (
     raw,
     run_lockstep,
     stat,
+    step_config,
+    step_text,
     write,
 )  # fmt: skip
 
@@ -325,11 +327,8 @@ def added_us(result: dict, name: str) -> dict:
 
 
 def to_markdown(report: dict) -> str:
-    m, size = report["machine"], report.get("size")
-    step = "" if size is None else (
-        f", {size['name']}'s step (MLP {size['width']} wide, {size['inputs']} inputs, batch "
-        f"{size['batch']}, SGD(lr={size['lr']}, momentum={size['momentum']}))"
-    )  # fmt: skip
+    m = report["machine"]
+    step = f", {step_text(report['config'])}" if "config" in report else ""
     lines = [
         f"CPU: {m['cpu']}, {m['cores']} cores; torch.set_num_threads({m['threads']}); "
         f"torch {m['torch']}; Python {m['python']}; nbaccel {m['nbaccel']}; {m['date']}; "
@@ -370,8 +369,7 @@ def main() -> None:
     overhead.SIZE = args.size  # make_parts' step
     torch.set_num_threads(args.threads)
     report = {"machine": machine(args.threads), "rounds": args.rounds, "modes": {}}
-    report["size"] = dict(zip(("inputs", "width", "batch", "lr", "momentum"),
-                              overhead.SIZES[args.size], strict=True), name=args.size)  # fmt: skip
+    report["config"] = step_config(args.size)
     report["load"] = {"before": os.getloadavg()[0]}
     report["hot_us"] = {str(n): round(hot_us(n), 2) for n in CALLS}
     for mode in args.modes:
