@@ -13,8 +13,11 @@ measures the cost where it can be resolved, in two places:
   breakdown's note), on lesson 5's model (``MLP(64, 256, 10)``, batch 32, gloo), against the
   same DDP model without a hook, in the same two processes.
 
-Each trial is a fixed number of steps; variants alternate, the first one rotating each round;
-the figures are medians of per-round paired ratios, with their interquartile range.
+One process: each trial is a fixed number of steps; variants alternate, the first one rotating
+each round. Two ranks: in each round both models run the same number of steps, in turns of
+``TURN`` steps in an order shuffled for every turn (the same order on both ranks), as
+``overhead.py``'s variants take turns, so that the machine's drift falls on both alike. The
+figures are medians of per-round paired ratios, with their interquartile range.
 
     python benchmarks/breakdown.py [--rounds 21] [--out benchmarks/results/breakdown-cpu.json]
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -40,6 +44,7 @@ from nbaccel import Accelerator, notebook_launcher
 from nbaccel.env import BREAKDOWN_VAR
 
 TINY_STEPS = 2000
+TURN = 4  # steps a DDP model runs at each of its turns (two_ranks)
 
 
 def stat(values: list[float], digits: int = 4) -> dict:
@@ -111,20 +116,23 @@ def ddp_hook(rounds: int, steps: int = 200) -> dict:
     hooked.register_comm_hook((breakdown, None), timed_allreduce)
     x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
 
-    def trial(model) -> float:
+    def turn(model) -> float:
         start = time.perf_counter()
-        for _ in range(steps):
+        for _ in range(TURN):
             with breakdown:  # both inside a compute span, as Accelerator.backward is
                 F.cross_entropy(model(x), y).backward()
-        return (time.perf_counter() - start) / steps
+        return time.perf_counter() - start
 
-    trial(plain), trial(hooked)
+    order = random.Random(0)  # the same turns on both ranks: their all-reduces pair up
+    turn(plain), turn(hooked)
     ratios, plain_s = [], []
-    for i in range(rounds):
-        first, second = (plain, hooked) if i % 2 else (hooked, plain)
-        t = {id(first): trial(first), id(second): trial(second)}
-        ratios.append(t[id(plain)] / t[id(hooked)])
-        plain_s.append(t[id(plain)])
+    for _ in range(rounds):
+        seconds = {"plain": 0.0, "hooked": 0.0}
+        for _ in range(steps // TURN):  # turns of a few steps, in a shuffled order
+            for name in order.sample(sorted(seconds), 2):
+                seconds[name] += turn(plain if name == "plain" else hooked)
+        ratios.append(seconds["plain"] / seconds["hooked"])
+        plain_s.append(seconds["plain"] / steps)
     # Free the DDP models while their gloo group lives: a Reducer that outlives the group tears
     # it down when freed, holding the GIL that a gloo thread waits for (a deadlock).
     plain.reducer = hooked.reducer = None
