@@ -16,6 +16,14 @@ launching kernel is the same in every variant and left out), each worker's USS, 
 a worker took from the fork to ready (what a launch would wait for). The variants run in turns,
 ``--runs`` times each; medians.
 
+A second table says what the stand-in's own memory is made of, before any fork (``composition``,
+in a fresh interpreter of its own): the anonymous memory of the heap (``[heap]``: C and C++
+allocations, torch's libraries' as they load) and of the other anonymous maps
+(Python's object arenas, large allocations), the resident pages of files (shared libraries and
+the like, shared with every process that maps them), and what glibc's ``malloc_trim(0)`` gives
+back to the system once everything is loaded: whether trimming the server's process itself,
+rather than its list, could shrink the tree.
+
     python benchmarks/preload.py [--runs 5] [--out benchmarks/results/preload-cpu.json]
 """
 
@@ -84,6 +92,44 @@ def stand_in(modules: list[str], job: str) -> dict:
     }
 
 
+def composition(modules: list[str]) -> dict:
+    """In a fresh interpreter: import ``modules``, collect and freeze as the server does, and
+    read this process's memory by kind from ``/proc/self/smaps``, before and after
+    ``malloc_trim(0)``."""
+    import ctypes
+
+    for name in modules:
+        importlib.import_module(name)
+    gc.collect()
+    gc.freeze()
+    before = memory_kinds()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    after = memory_kinds()
+    anonymous = before["heap_mib"] + before["anon_maps_mib"]
+    return {**before, "trim_returns_mib": anonymous - after["heap_mib"] - after["anon_maps_mib"]}
+
+
+def memory_kinds() -> dict:
+    """This process's anonymous memory in its heap and in its other maps (a file's map among
+    them, for its pages written since loading), and its resident pages of files as loaded, in
+    MiB (``/proc/self/smaps``: each map's Rss and Anonymous; Rss comes first)."""
+    kinds = {"heap_mib": 0.0, "anon_maps_mib": 0.0, "file_mib": 0.0}
+    name = ""
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):  # a map's header line
+                name = fields[5] if len(fields) > 5 else ""
+            elif fields[0] == "Rss:" and name.startswith("/"):
+                kinds["file_mib"] += int(fields[1]) / 1024
+            elif fields[0] == "Anonymous:":  # in a file's map: its pages written since loading
+                kind = "heap_mib" if name == "[heap]" else "anon_maps_mib"
+                kinds[kind] += int(fields[1]) / 1024
+                if name.startswith("/"):
+                    kinds["file_mib"] -= int(fields[1]) / 1024
+    return kinds
+
+
 def work() -> None:
     """What a training worker loads and touches: the server's list, then one optimizer step."""
     for name in SERVER:
@@ -98,9 +144,16 @@ def work() -> None:
 
 
 def measure(variant: str, job: str) -> dict:
+    """``stand_in`` (a ``job``: idle or train) or ``composition`` (``job`` "composition") of a
+    variant, in a fresh interpreter."""
+    call = (
+        f"composition(preload.VARIANTS[{variant!r}])"
+        if job == "composition"
+        else f"stand_in(preload.VARIANTS[{variant!r}], {job!r})"
+    )
     code = (
         "import json, sys; sys.path.insert(0, 'benchmarks'); import preload; "
-        f"print(json.dumps(preload.stand_in(preload.VARIANTS[{variant!r}], {job!r})))"
+        f"print(json.dumps(preload.{call}))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=600
@@ -114,7 +167,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/preload-cpu.json")
     args = parser.parse_args()
     samples: dict[str, dict[str, list[dict]]] = {job: {v: [] for v in VARIANTS} for job in
-                                                 ("idle", "train")}  # fmt: skip
+                                                 ("idle", "train", "composition")}  # fmt: skip
     for _ in range(args.runs):
         for job in samples:
             for variant in VARIANTS:
@@ -123,7 +176,9 @@ def main() -> None:
         job: {variant: summary(runs) for variant, runs in by_variant.items()}
         for job, by_variant in samples.items()
     }
+    compositions = results.pop("composition")
     report = {"machine": machine(), "runs": args.runs, "workers": WORKERS, "results": results}
+    report["composition"] = compositions
     out = Path(args.out)
     out.write_text(json.dumps(report, indent=2) + "\n")
     text = to_markdown(report)
@@ -133,6 +188,8 @@ def main() -> None:
 
 def summary(runs: list[dict]) -> dict:
     median = statistics.median
+    if "heap_mib" in runs[0]:  # composition's: a median of each figure
+        return {key: round(median(r[key] for r in runs), 1) for key in runs[0]}
     return {
         "tree_pss_mib": round(median(r["tree_pss_mib"] for r in runs), 1),
         "server_pss_mib": round(median(r["server_pss_mib"] for r in runs), 1),
@@ -168,6 +225,20 @@ def to_markdown(report: dict) -> str:
             lines.append(
                 f"| {job} | {variant} | {r['tree_pss_mib']:.0f} | {r['server_pss_mib']:.0f} | "
                 f"{r['worker_uss_mib']:.0f} | {r['worker_ready_s']:.3f} |"
+            )
+    if "composition" in report:  # results before this table was added have none
+        lines += [
+            "",
+            "The stand-in's own memory before any fork, by kind (MiB, medians): anonymous in the "
+            "heap and in other maps, resident file pages, and what `malloc_trim(0)` gives back.",
+            "",
+            "| server preloads | heap | other anonymous | files | malloc_trim returns |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for variant, r in report["composition"].items():
+            lines.append(
+                f"| {variant} | {r['heap_mib']:.0f} | {r['anon_maps_mib']:.0f} | "
+                f"{r['file_mib']:.0f} | {r['trim_returns_mib']:.1f} |"
             )
     return "\n".join(lines) + "\n"
 
