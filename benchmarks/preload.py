@@ -93,9 +93,10 @@ def stand_in(modules: list[str], job: str) -> dict:
 
 
 def composition(modules: list[str]) -> dict:
-    """In a fresh interpreter: import ``modules``, collect and freeze as the server does, and
-    read this process's memory by kind from ``/proc/self/smaps``, before and after
-    ``malloc_trim(0)``."""
+    """In a fresh interpreter: import ``modules``, collect, freeze as the server does, and read
+    this process's memory by kind from ``/proc/self/smaps``, before and after ``malloc_trim(0)``.
+    The server freezes without collecting; the collection here leaves only live objects in
+    what is measured (it frees nothing that the table shows: a development check)."""
     import ctypes
 
     for name in modules:
