@@ -178,8 +178,13 @@ def main() -> None:
         for job, by_variant in samples.items()
     }
     compositions = results.pop("composition")
-    report = {"machine": machine(), "runs": args.runs, "workers": WORKERS, "results": results}
-    report["composition"] = compositions
+    report = {
+        "machine": machine(),
+        "runs": args.runs,
+        "workers": WORKERS,
+        "results": results,
+        "composition": compositions,
+    }
     out = Path(args.out)
     out.write_text(json.dumps(report, indent=2) + "\n")
     text = to_markdown(report)
