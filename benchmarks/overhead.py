@@ -175,7 +175,7 @@ class OwnClock:
 
     def __init__(self) -> None:
         self.elapsed, self._since, self._left = 0.0, None, None
-        self._recorder = None
+        self._recorder, self._deadline = None, "next_tick"
 
     def __call__(self) -> float:
         running = 0.0 if self._since is None else time.monotonic() - self._since
@@ -185,13 +185,17 @@ class OwnClock:
         """Hold ``recorder``'s next periodic work back by the time spent outside this clock's
         turns. Its clock stays ``time.monotonic``, as in a user's loop: a Python clock in its
         place would add two Python calls to every step that a user's loop does not make."""
-        assert recorder.clock is time.monotonic and hasattr(recorder, "_next_counters")
+        assert recorder.clock is time.monotonic
+        if not hasattr(recorder, "next_tick"):  # nbaccel before 2026-12-06 (--before)
+            self._deadline = "_next_counters"
+        assert hasattr(recorder, self._deadline)
         self._recorder = recorder
 
     def __enter__(self) -> None:
         self._since = time.monotonic()
         if self._recorder is not None and self._left is not None:
-            self._recorder._next_counters += self._since - self._left  # the others' turns
+            held = getattr(self._recorder, self._deadline) + self._since - self._left
+            setattr(self._recorder, self._deadline, held)  # the others' turns
 
     def __exit__(self, *exc: object) -> None:
         self._left = time.monotonic()

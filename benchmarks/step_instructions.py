@@ -63,7 +63,7 @@ def child(steps: int, helper: str) -> None:
             if name == "nbaccel":
                 loop = overhead.nbaccel_loop(batches, accum, precision)
                 recorder = loop.gi_frame.f_locals["accelerator"].recorder
-                recorder._next_counters = float("inf")  # no periodic work in the counted steps
+                recorder.next_tick = float("inf")  # no periodic work in the counted steps
             else:
                 loop = overhead.raw(batches, accum, precision)
             for _ in range(WARM):

@@ -152,9 +152,7 @@ class Accelerator(PartialState):
         except BaseException:
             self.destroy_process_group()  # nothing half-made outlives a refused Accelerator
             raise
-        self._window = AccumulationWindow(
-            self.strategy.accumulation_steps, plugin, on_step=self.recorder.count
-        )
+        self._window = AccumulationWindow(self.strategy.accumulation_steps, plugin, self.recorder)
         self.run = self.recorder.run  # the records, kept here when no launcher listens
         self._loop = LoopState()
         self._micro_batch = MicroBatch(self._window, self._loop, self.strategy.no_sync, ())
@@ -269,8 +267,10 @@ class Accelerator(PartialState):
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, divided by ``gradient_accumulation_steps`` and scaled for fp16:
         pass the loss of one micro-batch as it is, without dividing it yourself."""
-        self._window.backward()
-        self._timed(self.strategy.backward, loss, self._window.sync_gradients, **kwargs)
+        window = self._window
+        if not window.sync_gradients:
+            window.holds_gradients = True  # zero_grad keeps them until the window's step
+        self._timed(self.strategy.backward, loss, window.sync_gradients, **kwargs)
 
     def accumulate(self, *models: torch.nn.Module) -> MicroBatch:
         """One micro-batch of a gradient-accumulation window.

@@ -3,11 +3,18 @@
 One ``AccumulationWindow`` per Accelerator holds the whole state of accumulation, and the
 prepared optimizers and schedulers consult it (``nbaccel.accelerator.optim``):
 
-* ``advance`` opens the next micro-batch (``accumulate``) and says whether it ends the window:
-  then ``sync_gradients`` is True, DDP all-reduces and the optimizer really steps;
-* ``backward`` notes gradients that no step has used yet, which ``zero_grad`` must then keep;
+* ``accumulate``'s block (``MicroBatch``) opens the next micro-batch and decides whether it
+  ends the window: then ``sync_gradients`` is True, DDP all-reduces and the optimizer really
+  steps;
+* ``backward`` notes gradients that no step has used yet (``holds_gradients``), which
+  ``zero_grad`` must then keep;
 * ``stepped`` is the window's end: the optimizer reports whether it changed the weights (fp16
   skips a step for inf/NaN gradients), which is what its scheduler asks before it steps.
+
+These run on every step, so each is one Python frame (about 1 us of a small CPU step, in
+``benchmarks/results/overhead-parts-cpu.md``): the block's ``__enter__`` does the window's
+arithmetic itself, ``Accelerator.backward`` sets ``holds_gradients`` itself, and ``stepped``
+counts the step for the live view inline (``Recorder.count``'s contract).
 """
 
 from __future__ import annotations
@@ -15,7 +22,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..observe.rank_recorder import Recorder
 
 
 @dataclass(frozen=True)
@@ -86,42 +96,27 @@ class AccumulationWindow:
     Args:
         steps: micro-batches per window (a back end may have settled it: DeepSpeed's config).
         plugin: when windows end early (the data's end) and whether every micro-batch syncs.
-        on_step: called with ``(0, optimizer_steps)``, 0 or 1 step, at each window's end (the
-            live view counts steps with it: ``Recorder.count(samples, optimizer_steps)``).
+        recorder: counts the optimizer steps that changed the weights, for the live view.
     """
 
     def __init__(
         self,
         steps: int,
         plugin: GradientAccumulationPlugin,
-        on_step: Callable[..., Any] | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.steps = steps
         self.plugin = plugin
-        self.step = 0  # micro-batches seen by advance(), counted from the window's start
+        self.step = 0  # micro-batches opened, counted from the window's start
         self.sync_gradients = True  # False on the micro-batches that only accumulate
         self.holds_gradients = False  # gradients that no optimizer step has used yet
-        self._on_step = on_step
+        self._recorder = recorder
         self._stepped: dict[int, bool] = {}  # id(optimizer) -> its last real step changed it
-
-    def advance(self, end_of_dataloader: bool) -> bool:
-        """Start the next micro-batch; True when it ends the window (its step is real)."""
-        if self.plugin.sync_with_dataloader and end_of_dataloader:
-            self.step = 0  # the next epoch starts a fresh window
-            self.sync_gradients = True
-        else:
-            self.step += 1
-            self.sync_gradients = self.step % self.steps == 0
-        return self.sync_gradients
 
     @property
     def skips_sync(self) -> bool:
         """This micro-batch's gradients stay local (DDP's ``no_sync``)."""
         return not self.sync_gradients and not self.plugin.sync_each_batch
-
-    def backward(self) -> None:
-        if not self.sync_gradients:
-            self.holds_gradients = True
 
     def track(self, optimizer: Any) -> None:
         """A prepared optimizer: its scheduler waits for its first real step."""
@@ -131,8 +126,11 @@ class AccumulationWindow:
         """The window's end: ``optimizer`` stepped, and ``changed`` says if the weights moved."""
         self._stepped[id(optimizer)] = changed
         self.holds_gradients = False
-        if self._on_step is not None:
-            self._on_step(0, int(changed))  # (samples, optimizer_steps)
+        recorder = self._recorder
+        if recorder is not None:  # Recorder.count(optimizer_steps=changed), inline
+            recorder.optimizer_steps += changed
+            if recorder.clock() >= recorder.next_tick:
+                recorder.tick()
 
     def has_stepped(self, optimizer: Any) -> bool:
         """Whether ``optimizer``'s last real step changed the weights (True for one that was not
@@ -162,7 +160,12 @@ class MicroBatch:
 
     def __enter__(self) -> None:
         window, active = self._window, self._loop.active
-        window.advance(bool(active) and active[-1].end)  # the loop's end_of_dataloader, inline
+        if active and active[-1].end and window.plugin.sync_with_dataloader:
+            window.step = 0  # a prepared DataLoader's last batch ends the window; the next
+            window.sync_gradients = True  # epoch starts a fresh one
+        else:
+            window.step += 1
+            window.sync_gradients = window.step % window.steps == 0
         if self._models and window.skips_sync:
             with contextlib.ExitStack() as stack:
                 for model in self._models:

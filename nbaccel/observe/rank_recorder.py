@@ -92,7 +92,7 @@ class Recorder:
         self.samples = 0  # cumulative on this rank
         self.optimizer_steps = 0
         self._calls = 0
-        self._next_counters = 0.0
+        self.next_tick = 0.0  # tick()'s next deadline on ``clock`` (see ``count``)
         self._last_counters: tuple[int, int] | None = None
         self._total_steps: int | None = None
         self._accumulation = 1
@@ -159,17 +159,21 @@ class Recorder:
         return record
 
     def count(self, samples: int = 0, optimizer_steps: int = 0) -> None:
+        """Add samples and optimizer steps to the counters. The Accelerator's loader and
+        optimizer count a step inline, without this call (a Python frame is about 1 us of a
+        step): they add to ``samples`` or ``optimizer_steps`` and call ``tick()`` when
+        ``clock()`` reaches ``next_tick``, as this does."""
         self.samples += samples
         self.optimizer_steps += optimizer_steps
-        if self.clock() >= self._next_counters:  # tick()'s test first: twice a training step
+        if self.clock() >= self.next_tick:  # tick()'s test first: twice a training step
             self.tick()
 
     def tick(self) -> None:
         """Every quarter second: record the counters, send, redraw. Cheap between times."""
         now = self.clock()
-        if now < self._next_counters:
+        if now < self.next_tick:
             return
-        self._next_counters = now + 0.25
+        self.next_tick = now + 0.25
         self._record_counters()
         self.channel.tick()
         if self._live:
@@ -178,7 +182,7 @@ class Recorder:
 
     def epoch_done(self) -> None:
         """Bring the counters and the progress line up to date (the panel keeps its pace)."""
-        self._next_counters = 0.0
+        self.next_tick = 0.0
         if self._view is not None:
             self._view.refresh_text()
         self.tick()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ from .samplers import Replay, ShardedBatchSampler, counted_batches, fixed_batch_
 from .streams import IterableDatasetShard
 
 if TYPE_CHECKING:
-    from ...observe.breakdown import Breakdown
+    from ...observe.rank_recorder import Recorder
 
 logger = logging.getLogger(__name__)
 
@@ -127,16 +127,15 @@ class PreparedDataLoader:
         loader: DataLoader,
         device: torch.device | None,
         state: LoopState,
-        on_batch: Callable[[int], None] | None = None,
-        on_end: Callable[[], None] | None = None,
+        recorder: Recorder | None = None,
         *,
         non_blocking: bool = False,
-        breakdown: Breakdown | None = None,
     ) -> None:
         self.loader, self.device, self.state = loader, device, state
-        self.on_batch = on_batch  # told each batch's sample count, for the live view
-        self.on_end = on_end  # told when a pass over the data is complete
-        self.breakdown = breakdown  # told how long each batch took to arrive
+        # counts each batch's samples for the live view, hears when a pass is complete, and
+        # its breakdown is told how long each batch took to arrive
+        self.recorder = recorder
+        self.breakdown = None if recorder is None else recorder.breakdown
         # a copy to the GPU can run behind the compute (fully so from pinned memory); a CPU
         # "copy" has nothing to overlap with
         on_gpu = device is not None and device.type == "cuda"
@@ -224,11 +223,13 @@ class PreparedDataLoader:
             finally:
                 if replaying is not None:
                     replaying.restore()  # done already, unless the sampler never ran
-            # the loop runs once a step: what it reads is read once, here, and the data's time
-            # is added up inline (Breakdown.waited_for_data, without its call)
-            device, non_blocking, on_batch = self.device, self._non_blocking, self.on_batch
-            breakdown, yielded = self.breakdown, skip
+            # the loop runs once a step: what it reads is read once, here; the data's time and
+            # the samples are added up inline (Breakdown.waited_for_data and Recorder.count,
+            # without their calls), and so is the common batch's check (below)
+            device, non_blocking, recorder = self.device, self._non_blocking, self.recorder
+            breakdown, yielded, moves = self.breakdown, skip, device is not None
             clock = None if breakdown is None else breakdown.clock
+            tick_clock = None if recorder is None else recorder.clock
             while current is not _DONE:
                 if left is None:
                     following = next(batches, _DONE)  # read ahead: the wait for it is this batch's
@@ -238,13 +239,24 @@ class PreparedDataLoader:
                 if following is _DONE:  # the sampler is spent: it knows how the epoch ended
                     frame.end = True
                     frame.remainder = self._remainder()
-                batch = current
-                if device is not None:
-                    batch = send_to_device(current, device, non_blocking)
+                batch, samples = current, -1
+                kind = type(current)
+                if (kind is tuple or kind is list) and current:  # the common batch, inline:
+                    for t in current:  # tensors already on the device, kept as they are
+                        if type(t) is not torch.Tensor or (moves and t.device != device):
+                            break
+                    else:
+                        samples = current[0].shape[0] if current[0].dim() else 1
+                if samples < 0:  # anything else: moved and counted by the general rules
+                    if device is not None:
+                        batch = send_to_device(current, device, non_blocking)
+                    samples = samples_in(current)
                 if clock is not None:
                     breakdown.data += clock() - asked
-                if on_batch is not None:
-                    on_batch(samples_in(current))
+                if recorder is not None:
+                    recorder.samples += samples
+                    if tick_clock() >= recorder.next_tick:
+                        recorder.tick()
                 yielded += 1
                 self._progress = (begun, yielded)
                 yield batch
@@ -257,8 +269,8 @@ class PreparedDataLoader:
                     "as last. This is a bug in nbaccel's counted_batches: please report it."
                 )
             self.epoch += 1
-            if self.on_end is not None:
-                self.on_end()
+            if recorder is not None:
+                recorder.epoch_done()
         finally:  # complete, or left early (a break): no pass in progress to resume
             self._progress = None
             self.state.active.remove(frame)

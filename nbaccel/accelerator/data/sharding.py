@@ -170,17 +170,7 @@ def prepare_dataloader(
     sharded = shard_dataloader(
         loader, rank, world_size, SharedSeed(device), config, device=device, slice_fn=slice_fn
     )
-    if recorder is None:
-        return PreparedDataLoader(sharded, device, state, non_blocking=config.non_blocking)
-    return PreparedDataLoader(
-        sharded,
-        device,
-        state,
-        recorder.count,
-        recorder.epoch_done,
-        non_blocking=config.non_blocking,
-        breakdown=recorder.breakdown,
-    )
+    return PreparedDataLoader(sharded, device, state, recorder, non_blocking=config.non_blocking)
 
 
 def dispatches(loader: DataLoader, config: DataLoaderConfiguration) -> bool:

@@ -9,9 +9,15 @@ import torch
 
 import nbaccel.accelerator.strategies as strategies
 from nbaccel import Accelerator, DeepSpeedPlugin, FSDPPlugin
-from nbaccel.accelerator.accumulation import AccumulationWindow, GradientAccumulationPlugin
+from nbaccel.accelerator.accumulation import (
+    AccumulationWindow,
+    GradientAccumulationPlugin,
+    MicroBatch,
+)
+from nbaccel.accelerator.data.loader import LoopState, _Pass
 from nbaccel.accelerator.strategies import DDP, FSDP, DeepSpeed, Strategy, choose
 from nbaccel.config import LaunchConfig
+from nbaccel.observe.rank_recorder import Recorder
 
 NONE = {"fsdp_plugin": None, "deepspeed_plugin": None}
 
@@ -76,19 +82,30 @@ def test_a_fourth_back_end_needs_its_module_and_one_row_only(monkeypatch):
 
 
 def test_the_window_syncs_every_nth_micro_batch_and_at_the_data_end():
-    seen = []
+    ticks = []
+    recorder = Recorder(live=False, clock=lambda: 1.0, rss=lambda: None)
+    recorder.tick = lambda: ticks.append(recorder.optimizer_steps)  # due at every count
     plugin = GradientAccumulationPlugin(num_steps=3)
-    window = AccumulationWindow(3, plugin, on_step=lambda *counts: seen.append(counts))
-    ends = [False, False, False, False, True, False]  # the 5th micro-batch ends an epoch
-    assert [window.advance(end) for end in ends] == [False, False, True, False, True, False]
-    window.backward()
-    assert window.holds_gradients and window.skips_sync  # mid-window: kept, not reduced
+    window, loop = AccumulationWindow(3, plugin, recorder), LoopState([_Pass(None)])
+    block = MicroBatch(window, loop, Strategy.no_sync, ())
+    synced = []
+    for end in [False, False, False, False, True, False]:  # the 5th ends an epoch
+        loop.active[-1].end = end
+        with block:
+            synced.append(window.sync_gradients)
+    assert synced == [False, False, True, False, True, False]
+    window.holds_gradients = True  # backward's mark (test_accumulation_matches_the_big_batch)
+    assert window.skips_sync  # mid-window: kept, not reduced
     optimizer = object()
     window.track(optimizer)
     assert window.has_stepped(optimizer) is False and window.has_stepped(object()) is True
     window.stepped(optimizer, changed=True)
     assert not window.holds_gradients and window.has_stepped(optimizer)
-    assert seen == [(0, 1)]  # no samples, one real step: the live view counts real steps
+    assert recorder.samples == 0 and ticks == [1]  # the live view counts real steps, and ticks
+    window.stepped(optimizer, changed=False)  # fp16 skipped it: no step to count
+    assert recorder.optimizer_steps == 1 and ticks == [1, 1]
+    recorder.close()
     each = AccumulationWindow(2, GradientAccumulationPlugin(num_steps=2, sync_each_batch=True))
-    each.advance(False)
+    with MicroBatch(each, LoopState(), Strategy.no_sync, ()):
+        pass
     assert not each.sync_gradients and not each.skips_sync  # reduced now, stepped later
