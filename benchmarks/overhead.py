@@ -186,7 +186,7 @@ class OwnClock:
         turns. Its clock stays ``time.monotonic``, as in a user's loop: a Python clock in its
         place would add two Python calls to every step that a user's loop does not make."""
         assert recorder.clock is time.monotonic
-        if not hasattr(recorder, "next_tick"):  # nbaccel before 2026-12-06 (--before)
+        if not hasattr(recorder, "next_tick"):  # nbaccel before c0f79f7 (--before)
             self._deadline = "_next_counters"
         assert hasattr(recorder, self._deadline)
         self._recorder = recorder
