@@ -11,10 +11,11 @@ prepared optimizers and schedulers consult it (``nbaccel.accelerator.optim``):
 * ``stepped`` is the window's end: the optimizer reports whether it changed the weights (fp16
   skips a step for inf/NaN gradients), which is what its scheduler asks before it steps.
 
-These run on every step, so each is one Python frame (about 1 us of a small CPU step, in
-``benchmarks/results/overhead-parts-cpu.md``): the block's ``__enter__`` does the window's
-arithmetic itself, ``Accelerator.backward`` sets ``holds_gradients`` itself, and ``stepped``
-counts the step for the live view inline (``Recorder.count``'s contract).
+These run on every step, where a Python call costs about 1 us of a small CPU step
+(``benchmarks/results/overhead-parts-cpu.md``), so none makes one it can do without: the
+block's ``__enter__`` does the window's arithmetic itself, ``Accelerator.backward`` sets
+``holds_gradients`` itself, and ``stepped`` counts the step for the live view inline
+(``Recorder.count``'s contract).
 """
 
 from __future__ import annotations
