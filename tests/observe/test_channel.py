@@ -104,6 +104,37 @@ def test_the_accelerator_counts_samples_and_optimizer_steps():
     assert steps == list(range(13)) and set(values) == {1.5}
 
 
+class Dicts(torch.utils.data.Dataset):
+    """Samples as dicts: the prepared loader counts them by its general rules."""
+
+    def __init__(self, n: int) -> None:
+        self.x = torch.randn(n, 3)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": self.x[i], "index": i}
+
+
+@pytest.mark.parametrize(
+    "data",
+    [TensorDataset(torch.randn(100, 3)), Dicts(100), torch.randn(100, 3)],
+    ids=["list of tensors (inline)", "dict", "a bare tensor"],
+)
+def test_the_prepared_loader_counts_every_kind_of_batch(data):
+    accelerator = Accelerator()
+    loader = accelerator.prepare(DataLoader(data, batch_size=8))
+    seen = 0
+    for batch in loader:
+        if not isinstance(batch, torch.Tensor):
+            batch = batch["x"] if isinstance(batch, dict) else batch[0]
+        seen += len(batch)
+    assert seen == accelerator.recorder.samples == 100  # 12 batches of 8 and one of 4
+    accelerator.end_training()
+    assert accelerator.run.latest(SAMPLES) == {0: 100.0}
+
+
 def test_run_exports_and_reloads(tmp_path):
     run = Run(world_size=2)
     run.add(
