@@ -160,9 +160,9 @@ class Recorder:
 
     def count(self, samples: int = 0, optimizer_steps: int = 0) -> None:
         """Add samples and optimizer steps to the counters. The Accelerator's loader and
-        optimizer count a step inline, without this call (a Python frame is about 1 us of a
-        step): they add to ``samples`` or ``optimizer_steps`` and call ``tick()`` when
-        ``clock()`` reaches ``next_tick``, as this does."""
+        accumulation window count inline, without this call (a Python call costs about 1 us
+        of a small CPU step): they add to ``samples`` or ``optimizer_steps`` and call
+        ``tick()`` when ``clock()`` reaches ``next_tick``, as this does."""
         self.samples += samples
         self.optimizer_steps += optimizer_steps
         if self.clock() >= self.next_tick:  # tick()'s test first: twice a training step
