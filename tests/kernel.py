@@ -87,9 +87,17 @@ class Kernel:
 def kernel_with(cwd: str, *cells: str, env: dict[str, str] | None = None) -> Iterator[Kernel]:
     """A kernel that ran ``cells``; shut down after, and its fork server checked gone."""
     kernel = Kernel(cwd=cwd, env=env)
-    for cell in cells:
-        kernel.run(cell)
-    yield kernel
+    try:
+        for cell in cells:
+            kernel.run(cell)
+        yield kernel
+    except BaseException:  # a failed test leaves no kernel or server behind either
+        servers = []
+        with contextlib.suppress(psutil.Error):
+            servers = kernel.servers()
+        kernel.shutdown()
+        psutil.wait_procs(servers, timeout=15)
+        raise
     servers = kernel.servers()
     kernel.shutdown()
     _, alive = psutil.wait_procs(servers, timeout=15)

@@ -1,13 +1,16 @@
 """The worker server started ahead in a Jupyter kernel (``client.prestart``): at the launcher's
-import, only in a kernel, never when opted out; a dead one is said and replaced; none is left
-after the kernel. Every verdict reads process state (the kernel's children), never a clock."""
+import, only in a kernel, never when opted out; one per kernel, asleep when idle; a dead one is
+said and replaced; none is left after the kernel, shut down or restarted. Every verdict reads
+process state (the kernel's children, a server's context switches), never a clock."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -134,6 +137,83 @@ def test_the_kernel_takes_its_prestarted_server_along_when_it_shuts_down(tmp_pat
     with kernel_with(str(tmp_path), IMPORT) as kernel:
         (server,) = kernel.servers()
     gone(server)  # kernel_with checked it too
+
+
+@pytest.mark.parametrize("now", [False, True], ids=["restart", "restart now (SIGKILL)"])
+def test_a_kernel_restart_takes_the_server_along_and_the_new_kernel_starts_its_own(tmp_path, now):
+    """Jupyter's restart asks the kernel to shut down (``now=False``) or kills it outright
+    (``now=True``, as when a kernel hangs): either way its server goes with it, and the
+    restarted kernel's import starts a server of its own that its launch uses."""
+    with kernel_with(str(tmp_path), IMPORT) as kernel:
+        (server,) = kernel.servers()
+        kernel.manager.restart_kernel(now=now)
+        kernel.pid = kernel.manager.provisioner.process.pid
+        try:
+            gone(server)
+        finally:  # no longer the kernel's child: if it outlived the kernel, ended here
+            with contextlib.suppress(psutil.NoSuchProcess):
+                server.kill()  # psutil checks it is still the process it was
+        kernel.client.wait_for_ready(timeout=120)
+        assert kernel.servers() == []  # a restarted kernel is a fresh one: nothing imported
+        kernel.run(IMPORT)
+        (fresh,) = kernel.servers()
+        assert fresh.pid != server.pid
+        out = kernel.run(TWO)
+        assert out.error is None, out.error
+        assert out.value == "True"
+        assert "worker server" not in out.stderr  # nothing to say: no server died under it
+        no_workers_left(kernel)
+
+
+PARENT = "notebook_launcher(lambda: os.getppid(), num_processes=2, cpu=True, live=False)"
+
+
+def test_two_kernels_never_share_a_server(tmp_path):
+    """Each kernel's import starts its own server, and each kernel's workers are its own
+    server's children (a worker's parent is the server that forked it)."""
+    with kernel_with(str(tmp_path), IMPORT) as one, kernel_with(str(tmp_path), IMPORT) as two:
+        (first,), (second,) = one.servers(), two.servers()
+        assert first.pid != second.pid
+        assert first.ppid() == one.pid and second.ppid() == two.pid
+        assert two.run(PARENT).value == str(second.pid)
+        assert one.run(PARENT).value == str(first.pid)
+        assert one.servers() == [first] and two.servers() == [second]
+
+
+def test_an_idle_server_makes_no_context_switch(tmp_path):
+    """Started, the server sleeps on its socket until a launch writes to it: it costs no CPU,
+    read in its threads' context switches, which any poll or timer would add. The launch
+    first shows that its start is over (it waited for it); a server never used waits in the
+    same call. Then its last wake (the workers' reaping) has to end: the counts still for a
+    second, then still for two more."""
+    with kernel_with(str(tmp_path), IMPORT) as kernel:
+        (server,) = kernel.servers()
+        assert kernel.run(TWO).value == "True"
+        no_workers_left(kernel)
+        before, deadline = switches(server), time.monotonic() + 60  # the deadline: a hang's
+        while True:
+            time.sleep(1)
+            now = switches(server)
+            if now == before:
+                break
+            assert time.monotonic() < deadline, f"the idle server keeps waking: {now}"
+            before = now  # a poll never stills
+        time.sleep(2)  # not a verdict's clock: a longer wait only catches slower polls
+        assert switches(server) == before
+        assert kernel.servers() == [server]
+
+
+def switches(process: psutil.Process) -> dict[int, tuple[int, int]]:
+    """Each thread's voluntary and involuntary context switches, by thread id."""
+    counts = {}
+    for thread in process.threads():
+        status = Path(f"/proc/{process.pid}/task/{thread.id}/status").read_text()
+        fields = dict(line.split(":\t") for line in status.splitlines() if ":\t" in line)
+        counts[thread.id] = (
+            int(fields["voluntary_ctxt_switches"]),
+            int(fields["nonvoluntary_ctxt_switches"]),
+        )
+    return counts
 
 
 def gone(process: psutil.Process, timeout: float = 30) -> None:
