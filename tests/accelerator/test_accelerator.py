@@ -153,6 +153,59 @@ def test_prepared_forward_runs_under_autocast(mode, dtype):
     assert inner[1:] == [torch.float32]  # the autocast wrapper is gone
 
 
+def autocast_state() -> tuple:
+    """CPU autocast's switches, and how many autocast blocks are open (torch's count)."""
+    nesting = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+            torch.is_autocast_cache_enabled(), nesting)  # fmt: skip
+
+
+@pytest.mark.parametrize("mode, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_the_prepared_forward_computes_what_torch_autocast_computes(mode, dtype):
+    """The prepared forward turns autocast on and off with torch's switches (not the context
+    manager's Python): its output and gradients equal, bit for bit, those of the same module
+    under ``torch.autocast`` with the output made float32, also after the weights changed in
+    place (autocast's casts of them are dropped with each forward); inside a user's own
+    autocast block it leaves that block's state as it was; a forward that raises leaves
+    autocast off."""
+    set_seed(0)
+    model, x = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)), torch.randn(5, 8)
+    twin = copy.deepcopy(model)
+    prepared = Accelerator(mixed_precision=mode, cpu=True).prepare(model)
+    outside = autocast_state()
+    out = prepared(x)
+    assert autocast_state() == outside
+    with torch.autocast("cpu", dtype):
+        expected = twin(x).float()
+    assert out.dtype == torch.float32 and torch.equal(out, expected)
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    for mine, theirs in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(mine.grad, theirs.grad)
+
+    def step() -> None:  # an optimizer's: in place, which the weights' casts must follow
+        with torch.no_grad():
+            for mine, theirs in zip(model.parameters(), twin.parameters(), strict=True):
+                mine.sub_(0.25)
+                theirs.sub_(0.25)
+
+    step()
+    prepared(x)
+    step()
+    out = prepared(x)  # before any block of this test's own drops the casts a forward left
+    with torch.autocast("cpu", dtype):
+        assert torch.equal(out, twin(x).float())
+    with torch.autocast("cpu", torch.bfloat16, cache_enabled=False):
+        inside = autocast_state()
+        prepared(x)
+        assert autocast_state() == inside  # still on, in the block's dtype and cache setting
+    broken = Accelerator(mixed_precision=mode, cpu=True).prepare(nn.Linear(8, 3))
+    with pytest.raises(RuntimeError, match="mat1 and mat2"):
+        broken(torch.randn(5, 4))
+    assert autocast_state() == outside
+
+
 def test_launch_default_mixed_precision_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("NBACCEL_MIXED_PRECISION", "bf16")
     assert Accelerator().mixed_precision == "bf16"
