@@ -218,7 +218,8 @@ class AutocastForward:
         # torch.autocast checks the device and dtype (it refuses, or warns and turns itself
         # off, where they cannot be used): once, here, for the switches' way
         probe = torch.autocast(*self._where, **self._kwargs)
-        self._switches = not self._kwargs and getattr(probe, "_enabled", False) is True
+        on = getattr(probe, "_enabled", False) is True  # (a private name: if gone, the manager)
+        self._switches = on and not self._kwargs and _function_modes is not None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._switches and not _function_modes():
@@ -242,11 +243,12 @@ class AutocastForward:
         return map_tensors(out, _float32)
 
 
-# torch's autocast switches (C functions), looked up once
+# torch's autocast switches (C functions), looked up once; whether a function mode is on is
+# private to torch: where a version lacks it, the context manager is used
 _is_on, _dtype_of = torch.is_autocast_enabled, torch.get_autocast_dtype
 _turn, _set_dtype = torch.set_autocast_enabled, torch.set_autocast_dtype
 _nest, _unnest = torch.autocast_increment_nesting, torch.autocast_decrement_nesting
-_function_modes = torch._C._is_torch_function_mode_enabled
+_function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", None)
 
 
 def _float32(t: torch.Tensor) -> torch.Tensor:
