@@ -27,7 +27,11 @@ class Kernel:
         """A kernel in ``cwd``; ``env`` adds to (or overrides) this process's environment."""
         environ = {**os.environ, **(env or {})}
         self.manager, self.client = start_new_kernel(kernel_name="python3", cwd=cwd, env=environ)
-        self.pid = self.manager.provisioner.process.pid
+
+    @property
+    def pid(self) -> int:
+        """The kernel process's pid: a restart (``manager.restart_kernel``) starts a new one."""
+        return self.manager.provisioner.process.pid
 
     def run(self, code: str, timeout: float = 120) -> Result:
         result = Result()

@@ -147,7 +147,6 @@ def test_a_kernel_restart_takes_the_server_along_and_the_new_kernel_starts_its_o
     with kernel_with(str(tmp_path), IMPORT) as kernel:
         (server,) = kernel.servers()
         kernel.manager.restart_kernel(now=now)
-        kernel.pid = kernel.manager.provisioner.process.pid
         try:
             gone(server)
         finally:  # no longer the kernel's child: if it outlived the kernel, ended here

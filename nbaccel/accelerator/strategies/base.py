@@ -203,10 +203,11 @@ class AutocastForward:
 
     It turns autocast on and off with torch's own switches (``torch.set_autocast_enabled`` and
     the rest, thread-local as the context manager's), in the order ``torch.autocast`` uses
-    them: the context manager's Python (its ``__init__``, ``__enter__`` and ``__exit__``) costs
-    about 2 us more a forward run hot, several times that between a CPU step's operators. With
-    ``AutocastKwargs``, or where a torch function mode is on (``torch.export``'s tracing, which
-    the context manager tells), it takes ``torch.autocast`` itself.
+    them, instead of building the context manager, whose Python (``__init__``, ``__enter__``,
+    ``__exit__``) runs on every forward: that saved a bf16 step about 9-10 us on a 2-core CPU,
+    0.5-0.8% (``benchmarks/results/overhead-xeon-cpu.md``, ``overhead-lesson-xeon-cpu.md``).
+    With ``AutocastKwargs``, or where a torch function mode is on (``torch.export``'s tracing,
+    which the context manager tells), it takes ``torch.autocast`` itself.
     """
 
     def __init__(self, forward: Any, precision: Precision) -> None:
