@@ -543,7 +543,7 @@ def lesson5_trial(
                 accelerator = nbaccel.Accelerator(cpu=device.type == "cpu")
             model, optimizer = accelerator.prepare(model, optimizer)
             backward, on = accelerator.backward, accelerator.device
-            events = accelerator._breakdown and accelerator._breakdown.events
+            events = accelerator._breakdown and accelerator._breakdown._events
             if every_span and events:
                 assert hasattr(events, "_spans"), "breakdown._Events renamed its span count"
                 events._spans = -(10**12)  # forever among the first spans, all timed

@@ -8,7 +8,7 @@ method is written here or found by one of these names:
   between back ends is asked of ``self.strategy``; nothing here asks which one it got.
 * ``prepare`` hands models and optimizers to the strategy, and shards each DataLoader so every
   rank sees distinct samples (``data/``); ``backward`` and ``accumulate`` walk one accumulation
-  window (``accumulation.py``); ``backward`` is written in ``fused.py``, in one Python frame.
+  window (``accumulation.py``).
 * The process facts (``rank``, ``device``, ...), ``print``, the barriers, the ``on_*_process``
   decorators and the collectives (``gather``, ``reduce``, ...) come from the base class
   ``PartialState`` (``state.py``); the file methods (``save``, ``save_state``, ``load_state``,
@@ -37,7 +37,7 @@ from ..env import DistEnv
 from ..observe import breakdown
 from ..observe.rank_recorder import Recorder
 from ..observe.trackers.log_with import Trackers
-from . import collectives, fused, saving, tracking, views
+from . import collectives, saving, tracking, views
 from .accumulation import (
     AccumulationWindow,
     GradientAccumulationPlugin,
@@ -264,7 +264,13 @@ class Accelerator(PartialState):
         )
 
     # -- the training step -----------------------------------------------------------------------
-    backward = fused.backward  # every micro-batch's: one Python frame where it can (fused.py)
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided by ``gradient_accumulation_steps`` and scaled for fp16:
+        pass the loss of one micro-batch as it is, without dividing it yourself."""
+        window = self._window
+        if not window.sync_gradients:
+            window.holds_gradients = True  # zero_grad keeps them until the window's step
+        self._timed(self.strategy.backward, loss, window.sync_gradients, **kwargs)
 
     def accumulate(self, *models: torch.nn.Module) -> MicroBatch:
         """One micro-batch of a gradient-accumulation window.

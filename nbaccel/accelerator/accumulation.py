@@ -9,14 +9,13 @@ prepared optimizers and schedulers consult it (``nbaccel.accelerator.optim``):
 * ``backward`` notes gradients that no step has used yet (``holds_gradients``), which
   ``zero_grad`` must then keep;
 * ``stepped`` is the window's end: the optimizer reports whether it changed the weights (fp16
-  skips a step for inf/NaN gradients), which is what its scheduler asks before it steps. The
-  prepared optimizer's common step does it inline (``fused.py``).
+  skips a step for inf/NaN gradients), which is what its scheduler asks before it steps.
 
 These run on every step, where a Python call costs about 1 us of a small CPU step
 (``benchmarks/results/overhead-parts-cpu.md``), so none makes one it can do without: the
 block's ``__enter__`` does the window's arithmetic itself, ``Accelerator.backward`` sets
-``holds_gradients`` itself (both ``fused.py``), and ``stepped`` counts the step for the live
-view inline (``Recorder.count``'s contract).
+``holds_gradients`` itself, and ``stepped`` counts the step for the live view inline
+(``Recorder.count``'s contract).
 """
 
 from __future__ import annotations
@@ -112,8 +111,8 @@ class AccumulationWindow:
         self.step = 0  # micro-batches opened, counted from the window's start
         self.sync_gradients = True  # False on the micro-batches that only accumulate
         self.holds_gradients = False  # gradients that no optimizer step has used yet
-        self.recorder = recorder
-        self.last_step: dict[int, bool] = {}  # id(optimizer) -> its last real step changed it
+        self._recorder = recorder
+        self._stepped: dict[int, bool] = {}  # id(optimizer) -> its last real step changed it
 
     @property
     def skips_sync(self) -> bool:
@@ -122,13 +121,13 @@ class AccumulationWindow:
 
     def track(self, optimizer: Any) -> None:
         """A prepared optimizer: its scheduler waits for its first real step."""
-        self.last_step[id(optimizer)] = False
+        self._stepped[id(optimizer)] = False
 
     def stepped(self, optimizer: Any, changed: bool) -> None:
         """The window's end: ``optimizer`` stepped, and ``changed`` says if the weights moved."""
-        self.last_step[id(optimizer)] = changed
+        self._stepped[id(optimizer)] = changed
         self.holds_gradients = False
-        recorder = self.recorder
+        recorder = self._recorder
         if recorder is not None:  # Recorder.count(optimizer_steps=changed), inline
             recorder.optimizer_steps += changed
             if recorder.clock() >= recorder.next_tick:
@@ -137,7 +136,7 @@ class AccumulationWindow:
     def has_stepped(self, optimizer: Any) -> bool:
         """Whether ``optimizer``'s last real step changed the weights (True for one that was not
         prepared: its scheduler steps with each window)."""
-        return self.last_step.get(id(optimizer), True)
+        return self._stepped.get(id(optimizer), True)
 
 
 class MicroBatch:

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..observe.breakdown import timed
-from . import fused
 from .accumulation import AccumulationWindow
 
 if TYPE_CHECKING:
@@ -69,7 +68,18 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def defaults(self, value) -> None:
         self.optimizer.defaults = value
 
-    step = fused.step  # the window's end: its common case in one Python frame (fused.py)
+    def step(self, closure=None):  # type: ignore[override]
+        if not self.window.sync_gradients:
+            self.stepped = False  # mid-window: keep accumulating
+            return None
+        if closure is None and self.precision.scaler is None:  # precision.step, a call less
+            self._timed(self.optimizer.step)
+            self.stepped = True
+        else:
+            self.stepped = self._timed(self.precision.step, self.optimizer, closure)
+        self.step_was_skipped = not self.stepped
+        self.window.stepped(self.optimizer, self.stepped)
+        return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.window.holds_gradients:

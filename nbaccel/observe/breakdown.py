@@ -97,7 +97,7 @@ class Breakdown:
     """Cumulative seconds of one rank's loop: data, compute, communication, and the loop.
 
     Compute spans (forward, backward, step) may nest (an optimizer's closure runs forward and
-    backward inside ``step``): the outermost counts. ``accelerator/fused.py`` opens two inline.
+    backward inside ``step``): the outermost one counts.
 
     >>> b = Breakdown()
     >>> with b:  # a compute span
@@ -115,10 +115,10 @@ class Breakdown:
         self.communication = 0.0
         self.start: float | None = None  # the loop's first timed moment
         self._inside = 0.0  # communication measured inside compute spans
-        self.depth = 0  # compute spans open now
+        self._depth = 0  # compute spans open now
         self._span = 0.0  # when the outermost one began
-        self.ready: float | None = None  # when this span's last gradient bucket was ready
-        self.events = events
+        self._ready: float | None = None  # when this span's last gradient bucket was ready
+        self._events = events
 
     def now(self) -> float:
         """The clock, which starts the loop on its first reading."""
@@ -133,59 +133,59 @@ class Breakdown:
 
     # -- compute: ``with breakdown:``, ``TimedForward`` or the forward hooks ---------------------
     def __enter__(self) -> Breakdown:
-        self.depth += 1
-        if self.depth == 1:
+        self._depth += 1
+        if self._depth == 1:
             self._span = now = self.clock()  # now(), inline: three spans a step
             if self.start is None:
                 self.start = now
-            self.ready = None
-            if self.events is not None:
-                self.events.begin()
+            self._ready = None
+            if self._events is not None:
+                self._events.begin()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.depth -= 1
-        if self.depth:
+        self._depth -= 1
+        if self._depth:
             return
-        if self.events is not None:
-            if self.ready is not None:
-                self.ready = None
+        if self._events is not None:
+            if self._ready is not None:
+                self._ready = None
                 stacks.waiting_in(None)  # backward has returned: the all-reduces are done
-            self.events.end(self)
+            self._events.end(self)
             return
         end = self.clock()
         self.compute += end - self._span
-        if self.ready is not None:
-            self.waited(end)
+        if self._ready is not None:
+            self._waited(end)
 
-    def waited(self, end: float) -> None:
+    def _waited(self, end: float) -> None:
         """The span's waiting after its last gradient bucket was ready (DDP's), on the host."""
-        ready, self.ready = self.ready, None
+        ready, self._ready = self._ready, None
         stacks.waiting_in(None)  # backward has returned: the all-reduces are done
         self.communication += end - ready
         self._inside += end - ready
 
     def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` as a compute span: what ``with self:`` does, in one Python
-        call where the ``with`` makes two. The prepared model's forward takes this way; the
-        step's ``backward`` and ``step`` run this body inline (``accelerator/fused.py``); a
-        nested span, and CUDA's events, take the ``with``."""
-        if self.depth or self.events is not None:
+        call where the ``with`` makes two. The prepared model's forward, ``backward`` and the
+        optimizer's ``step`` take this way every step; a nested span, and CUDA's events, take
+        the ``with``."""
+        if self._depth or self._events is not None:
             with self:
                 return fn(*args, **kwargs)
-        self.depth = 1
-        self.ready = None
-        began = self.clock()
+        self._depth = 1
+        self._ready = None
+        self._span = began = self.clock()
         if self.start is None:
             self.start = began
         try:
             return fn(*args, **kwargs)
         finally:  # __exit__, inline
-            self.depth = 0
+            self._depth = 0
             end = self.clock()
             self.compute += end - began
-            if self.ready is not None:
-                self.waited(end)
+            if self._ready is not None:
+                self._waited(end)
 
     def before_forward(self, module: Any, args: Any) -> None:
         self.__enter__()
@@ -210,17 +210,17 @@ class Breakdown:
     # -- communication -------------------------------------------------------------------------
     def bucket_ready(self) -> None:
         """A DDP gradient bucket is ready and its all-reduce starts (the comm hook's note)."""
-        if not self.depth:
+        if not self._depth:
             return  # a backward outside Accelerator.backward: nothing to split
         stacks.waiting_in("DDP's gradient all_reduce")
-        self.ready = self.clock()
-        if self.events is not None:
-            self.events.ready()
+        self._ready = self.clock()
+        if self._events is not None:
+            self._events.ready()
 
     def communicated(self, seconds: float) -> None:
         """``seconds`` blocked in a collective (inside a compute span: taken out of it)."""
         self.communication += seconds
-        if self.depth:
+        if self._depth:
             self._inside += seconds
 
     def add_span(self, seconds: float, communication: float = 0.0) -> None:
@@ -236,10 +236,10 @@ class Breakdown:
         if self.start is None:
             return {}
         times = {}
-        if self.events is not None:
-            self.events.resolve(self)
-            new = self.events.estimated - self.events.said  # each said once, with the times
-            self.events.said |= new
+        if self._events is not None:
+            self._events.resolve(self)
+            new = self._events.estimated - self._events.said  # each said once, with the times
+            self._events.said |= new
             times = {ESTIMATED + part: float(EVERY) for part in sorted(new)}
         return {
             TIME_DATA: self.data,

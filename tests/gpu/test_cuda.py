@@ -186,7 +186,7 @@ def test_the_breakdown_estimates_the_gpus_work_from_a_sample_of_its_spans():
     steps = (TIMED_FIRST + 4 * RUN * EVERY) // 3 + 1  # four blocks, and the start of a fifth
     accelerator, on_gpu = spin_loop(2_000_000, steps)  # about 1 ms a forward
     counters = accelerator._breakdown.counters()
-    assert accelerator._breakdown.events.sampling  # said in the counters, once
+    assert accelerator._breakdown._events.sampling  # said in the counters, once
     assert counters[TIME_COMPUTE] == pytest.approx(on_gpu, rel=0.15), (counters, on_gpu)
 
 

@@ -219,7 +219,7 @@ def test_cuda_events_time_a_sample_whose_runs_of_whole_steps_give_the_exact_seco
     CountedEvent.records, FakeEvent.gpu, FakeEvent.clock = 0, 0.0, 0.0
     b = Breakdown(events=_Events(CountedEvent))
     compute, waited, said = gpu_spans(b, range(TIMED_FIRST))
-    assert not b.events.sampling and said == []
+    assert not b._events.sampling and said == []
     assert b.compute == compute and b.communication == waited
     timed = CountedEvent.records
     blocks = 20

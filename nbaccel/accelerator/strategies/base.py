@@ -23,7 +23,6 @@ This one trains alone: nothing to wrap, nothing to reduce.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -115,11 +114,6 @@ class Strategy:
 
     def sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
-
-    @functools.cached_property
-    def plain_backward(self) -> bool:
-        """``backward`` is this class's, with nothing to scale: ``fused.backward`` inlines it."""
-        return type(self).backward is Strategy.backward and self.precision.scaler is None
 
     def backward(self, loss: torch.Tensor, sync: bool, **kwargs: Any) -> None:
         """``loss.backward()`` for one micro-batch, a share of the window's step."""
