@@ -8,8 +8,10 @@ options that ``nbaccel launch`` shares; these are the ones only a launch from Py
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from ..config import LaunchConfig, check_seconds
@@ -27,6 +29,7 @@ def check_call(function: Any, args: Any, kwargs: Any) -> None:
             "(did you call it?). Write notebook_launcher(train, args=(...)), "
             "not notebook_launcher(train(...))."
         )
+    _check_plain(function)
     if not isinstance(args, list | tuple):
         raise TypeError(
             f"args must be a tuple of arguments, got {type(args).__name__}: "
@@ -43,6 +46,48 @@ def check_call(function: Any, args: Any, kwargs: Any) -> None:
             raise TypeError(
                 f"kwargs={{{name!r}: ...}}: its keys are the function's parameter names, so "
                 "they must be strings, e.g. kwargs={'lr': 0.1}"
+            )
+
+
+# Kinds of function whose call returns an object instead of running the body: what each is,
+# and the plain function to launch instead ({name} is the user's function).
+_NOT_PLAIN = (
+    (
+        inspect.isasyncgenfunction,
+        "an async generator function",
+        "Collect its items in a plain function: async def collect(): return [x async for x in "
+        "{name}()], then def main(): return asyncio.run(collect()), and launch main",
+    ),
+    (
+        inspect.iscoroutinefunction,
+        "an async function (async def)",
+        "Run it in a plain function: def main(*args): return asyncio.run({name}(*args)), and "
+        "launch main",
+    ),
+    (
+        inspect.isgeneratorfunction,
+        "a generator function (it yields)",
+        "Return the values instead of yielding them: def main(*args): return "
+        "list({name}(*args)), and launch main; to see progress while it runs, "
+        "accelerator.log({{...}}) draws it live",
+    ),
+)
+
+
+def _check_plain(function: Any) -> None:
+    """A generator or ``async def`` would run on every rank only to hand back an object whose
+    body never ran (a generator, a coroutine never awaited): refused before anything starts,
+    with the plain function to write instead."""
+    inner = function
+    while isinstance(inner, partial):
+        inner = inner.func
+    name = getattr(inner, "__name__", None) or type(inner).__name__
+    for test, kind, fix in _NOT_PLAIN:
+        if test(function):
+            raise TypeError(
+                f"notebook_launcher runs a plain function on every rank and brings back what "
+                f"it returns, but {name} is {kind}: calling it returns an object, and its body "
+                f"never runs. {fix.format(name=name)}."
             )
 
 

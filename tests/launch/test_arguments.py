@@ -8,6 +8,7 @@ the test instead of starting workers.
 
 from __future__ import annotations
 
+from functools import partial
 from types import MappingProxyType
 
 import pytest
@@ -114,3 +115,42 @@ def test_good_arguments_reach_the_launch(monkeypatch):
     assert value == "ran"
     assert seen == {"args": (1,), "kwargs": {"lr": 0.1}}
     assert type(seen["kwargs"]) is dict
+
+
+def numbers(n):
+    yield from range(n)
+
+
+async def fetch(n):
+    return n
+
+
+async def stream(n):
+    for i in range(n):
+        yield i
+
+
+@pytest.mark.parametrize(
+    "function, match",
+    [
+        (numbers, r"numbers is a generator function .* return list\(numbers\(\*args\)\)"),
+        (fetch, r"fetch is an async function \(async def\).* asyncio.run\(fetch\(\*args\)\)"),
+        (stream, r"stream is an async generator function.* async for x in stream\(\)"),
+        (partial(numbers, 3), r"numbers is a generator function"),  # a partial of one too
+    ],
+)
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_generators_and_coroutines_are_refused_before_any_worker_starts(
+    nothing_starts, function, match, num_processes
+):
+    """Run, each rank would hand back a generator or a coroutine whose body never ran: refused
+    up front, with the plain function to write instead."""
+    with pytest.raises(TypeError, match=match):
+        notebook_launcher(function, args=(3,), num_processes=num_processes)
+
+
+def test_a_plain_function_that_returns_a_generator_is_not_refused(nothing_starts):
+    """Only the function's own kind is judged: a plain ``def`` passes the check (and reaches
+    the start, which the fixture turns into a failure)."""
+    with pytest.raises(AssertionError, match="the launch started"):
+        notebook_launcher(lambda n: numbers(n), args=(3,), num_processes=2)
