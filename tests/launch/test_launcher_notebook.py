@@ -226,3 +226,34 @@ def test_fifty_launches_in_a_row_leak_nothing(kernel):
     # After warm-up the kernel's memory is flat (measured: +0.0 MiB without the live view;
     # with it, one step of about 19 MiB within the first 30 launches, then flat).
     assert float(rss_mib) < 8, f"kernel memory grew by {rss_mib} MiB over 50 launches"
+
+
+LOGS = """
+import time
+from nbaccel import Accelerator, notebook_launcher
+
+def logs(steps=60):
+    accelerator = Accelerator()
+    for step in range(steps):  # 3 s of records: the panel is due after the first second
+        accelerator.log({"loss": 1.0 / (step + 1)})
+        time.sleep(0.05)
+    accelerator.end_training()
+    return 41 + accelerator.rank
+"""
+
+
+@pytest.mark.parametrize("missing", [["matplotlib"], ["matplotlib", "ipywidgets"]])
+def test_a_launch_without_matplotlib_shows_the_line_and_returns(tmp_path, missing):
+    """A base install (no ``notebook`` extra): the panel is said missing once, on stderr, and
+    the launch goes on with the progress line. Whether a panel fell due during the run or only
+    at its end, the verdict is the same."""
+    blocked = f"import sys\nfor name in {missing!r}:\n    sys.modules[name] = None"
+    with kernel_with(str(tmp_path), blocked, LOGS) as alone:
+        out = alone.run("notebook_launcher(logs, num_processes=2, cpu=True)", timeout=240)
+        assert out.error is None, out.error
+        assert out.value == "41"
+        note = "nbaccel: the live panel needs matplotlib, which this environment lacks"
+        assert out.stderr.count(note) == 1, out.stderr
+        assert "pip install 'nbaccel[notebook]'" in out.stderr
+        assert out.texts and not out.images  # the progress line, and no panel
+        no_workers_left(alone)

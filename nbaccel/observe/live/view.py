@@ -16,10 +16,16 @@ updated, not rebuilt. This module imports no torch.
 
 Data flows one way: workers -> ``channel`` -> ``Run`` -> here. The view takes a ``Run`` as it
 is given, and reads the counters' names from ``channel``; only what draws imports it.
+
+A view never stops a launch: a panel that cannot be drawn (no matplotlib, a broken backend, a
+bug) or a progress line that cannot be written says so once on stderr and is turned off, and
+the training goes on (``LiveView._contained``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -28,10 +34,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ...env import in_notebook
 from ..channel import TOTAL_STEPS
 from .line import progress, timing_line
-from .panel import Panel, has_a_curve, warm_up
+from .panel import Panel, has_a_curve
 
 if TYPE_CHECKING:
     from ..records import Run
+
+logger = logging.getLogger(__name__)
+
+#: The two parts of a view that can fail on their own: the panel, or the whole view (the
+#: progress line, the front end). A failed part is off for the rest of the view.
+PANEL, VIEW = "panel", "view"
 
 
 class Frontend(Protocol):
@@ -152,22 +164,25 @@ class LiveView:
         self._drawn = 0
         self._next_text = self._next_image = 0.0
         self._panel: Panel | None = None  # made at the first panel: most launches log nothing
-        if self.frontend.draws:
-            warm_up()  # in a thread, while the workers start: not in the launch, nor the panel
         self._seen = -1  # record count at the last panel, to skip redraws with nothing new
         self.closed = False
+        self._off: set[str] = set()  # PANEL or VIEW, once it failed (``_contained``)
         #: said at ``close`` when the run recorded nothing (``hf.common.empty_hint``)
         self.empty_hint: str | None = None
 
     def update(self, run: Run, final: bool = False) -> None:
-        if not run.records:
-            return  # nothing logged or counted yet: show nothing rather than an empty panel
+        """Redraw what is due; never raises: a part that fails is turned off (``_contained``)."""
+        if run.records and VIEW not in self._off:  # nothing recorded yet: show nothing
+            self._contained(VIEW, self._update, run, final)
+
+    def _update(self, run: Run, final: bool) -> None:
         now = self.clock()
         if not self._next_image:  # the first panel after a second of data, not at once
             self._next_image = now + self.image_interval
         # only what is due is computed: in a loop run here, this is in the training's time
         text_due = final or (now >= self._next_text and getattr(self.frontend, "due", _yes)())
         image_due = self.frontend.draws and (final or now >= self._next_image)
+        image_due = image_due and PANEL not in self._off
         total = self._total(run) if text_due or image_due else None
         if text_due:
             text = progress(run, total)
@@ -176,8 +191,7 @@ class LiveView:
             self._next_text = now + self.text_interval
         if image_due and len(run.records) != self._seen and has_a_curve(run):
             started = self.clock()
-            self._panel = self._panel or Panel()
-            self.frontend.image(self._panel.png(run, total))
+            self._contained(PANEL, self._draw_panel, run, total)
             spent = self.clock() - started
             self._seen = len(run.records)
             self._drawn += 1
@@ -186,6 +200,10 @@ class LiveView:
             # a laptop the workers use every core and the panel's time is theirs.
             slow = 100 * spent if self._drawn >= self.first_panels else 0.0
             self._next_image = now + max(self.image_interval, spent + slow)
+
+    def _draw_panel(self, run: Run, total: int | None) -> None:
+        self._panel = self._panel or Panel()
+        self.frontend.image(self._panel.png(run, total))
 
     def refresh_text(self) -> None:
         """Let the next ``update`` rewrite the progress line whatever the throttle says."""
@@ -196,16 +214,51 @@ class LiveView:
         return int(max(total.values())) if total else self.total_steps
 
     def close(self, run: Run) -> None:
+        """Draw the final state, save the panel if asked, and close the front end; never
+        raises (but for an interrupt)."""
         if self.closed:
             return
         self.closed = True
-        if not run.records and self.empty_hint:
-            self.frontend.text(self.empty_hint)
         try:
+            if not run.records and self.empty_hint and VIEW not in self._off:
+                self._contained(VIEW, self.frontend.text, self.empty_hint)
             self.update(run, final=True)
-            if self.save_png:
-                panel = self._panel or Panel()  # the notebook's figure, if there is one
-                with open(self.save_png, "wb") as f:
-                    f.write(panel.png(run, self._total(run)))
+            if self.save_png and PANEL not in self._off:
+                self._contained(PANEL, self._save, run)
         finally:
-            self.frontend.close()
+            self._contained(VIEW, self.frontend.close)
+
+    def _save(self, run: Run) -> None:
+        panel = self._panel or Panel()  # the notebook's figure, if there is one
+        with open(self.save_png, "wb") as f:
+            f.write(panel.png(run, self._total(run)))
+
+    def _contained(self, part: str, step: Callable[..., object], *args: Any) -> None:
+        """Run one step of drawing. If it raises, ``part`` (PANEL or VIEW) is off for the rest
+        of this view, and stderr says so once: a display must never cost the training."""
+        try:
+            step(*args)
+        except Exception as err:
+            logger.debug("the live %s failed and is off", part, exc_info=True)
+            if part not in self._off:
+                self._off.add(part)
+                with contextlib.suppress(Exception):  # stderr may be what failed
+                    print(self._note(part, err), file=sys.stderr, flush=True)
+
+    def _note(self, part: str, err: Exception) -> str:
+        """The one line that says what failed and what goes on."""
+        failed = f"{type(err).__name__}: {' '.join(str(err).split())}"  # on one line
+        if part == VIEW:
+            return f"nbaccel: the live view failed ({failed}); the training goes on without it."
+        unsaved = f", not saving {self.save_png}" if self.save_png else ""
+        if isinstance(err, ImportError):  # matplotlib is in the notebook extra only
+            missing = (err.name or "matplotlib").split(".")[0]
+            return (
+                f"nbaccel: the live panel needs {missing}, which this environment lacks; "
+                f"showing the progress line only{unsaved} "
+                "(pip install 'nbaccel[notebook]' draws it)."
+            )
+        return (
+            f"nbaccel: the live panel failed ({failed}) and is off for the rest of this "
+            f"run{unsaved}; the training goes on."
+        )
