@@ -6,13 +6,13 @@ Cases, each in a fresh kernel, round-robin (the first case rotates each round):
 
 - nbaccel, pause 10 s: the fork server started at the import (``client.prestart``) and had the
   pause to import torch; the launch draws its live view, as a user's does by default (the
-  prestart loaded its matplotlib in a thread: ``panel.warm_up``);
+  kernel loaded its matplotlib after the import cell, on its own thread: ``client.warm_kernel``);
 - nbaccel, pause 10 s, live=False: the same without the view (this benchmark's only case before
   the warm-up: the view's first launch then imported matplotlib, about 0.45 s more);
 - nbaccel, pause 10 s, ``import nbaccel``: the package imported, not the launcher (the server
   starts after that cell: ``nbaccel._prestart_once_bound``);
 - nbaccel, pause 10 s, no torch in the cells: the kernel never imports torch itself (the job
-  does, in the workers), so the launch's ``torch.distributed`` is imported by the prestart;
+  does, in the workers), so the launch's ``torch.distributed`` is imported by the same warm-up;
 - nbaccel, no pause: the launch right after the import cell, while the server still imports;
 - nbaccel, pause 10 s, prestart off (``NBACCEL_PRESTART=0``): the first launch starts the
   server, as every first launch did before the prestart;

@@ -8,28 +8,35 @@ In a Jupyter kernel the shared server is started ahead, when the launcher is imp
 (``prestart``): the user then spends seconds or minutes writing the model and the loop while it
 imports torch, and the first launch waits only for what is left of that. Starting it does not
 wait for it (``Popen`` returns once the interpreter is exec'd; the first ``start`` is what waits
-for the server's imports, through its socket). The live view's matplotlib is loaded then too,
-in a thread of the kernel (``panel.warm_up``: 0.4 s of one core, 35 MiB), and, unless the
-notebook imported it already, ``torch.distributed`` in another (``_import_torch``: the launch
-hosts the workers' store with it), so the first launch waits for neither. The package's own
-import in a kernel (``import nbaccel``) starts the same once the notebook holds the package
-(``nbaccel._prestart_once_bound``, after the cell). Nowhere else does anything start at import.
+for the server's imports, through its socket). The package's own import in a kernel (``import
+nbaccel``) starts the same once the notebook holds the package (``nbaccel._prestart_once_bound``,
+after the cell). Nowhere else does anything start at import.
+
+What the launch needs in the kernel itself, ``torch.distributed`` (the workers' store) and the
+live view's matplotlib, is imported ahead too, but never in a thread: torch's import (its
+``_c10d_init``) and matplotlib's are not safe while another thread imports, and a cell that
+imports torch while a thread of ours did killed the kernel (SIGABRT) or deadlocked its import
+locks. So the kernel imports them on its main thread, from its event loop, once the cell that
+imported the launcher has finished (``_when_idle``): one thread, so no import can race another;
+between cells, where the kernel ignores the stop button, so no interrupt can cut an import in
+half. A cell run meanwhile waits for it (about a second on 2 cores, once a kernel).
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 
 from ..config import load_config
 from ..env import PRESTART_VAR, in_notebook
+from ..errors import LaunchError
 from ..observe.live.panel import warm_up
-from .protocol import Message, Signal, Start, Started, WorkerSpec, recv, send
+from .protocol import Message, Refused, Signal, Start, Started, WorkerSpec, recv, send
 
 
 class ForkServer:
@@ -50,11 +57,18 @@ class ForkServer:
         self.pending: list[Message] = []  # exit reports that arrived while waiting for Started
 
     def start(self, launch: int, specs: list[WorkerSpec], fds: list[int]) -> tuple[int, ...]:
+        """Fork the workers; their pids, or ``LaunchError`` when the server refused (nothing
+        started)."""
         send(self.sock, Start(launch, tuple(specs)), fds)
         while True:
             message, _ = recv(self.sock)
             if isinstance(message, Started) and message.launch == launch:
                 return message.pids
+            if isinstance(message, Refused) and message.launch == launch:
+                raise LaunchError(
+                    f"nbaccel's fork server (pid {self.process.pid}) refused the launch: "
+                    f"{message.reason}"
+                )
             self.pending.append(message)
 
     def signal(self, launch: int, sig: int) -> None:
@@ -63,10 +77,18 @@ class ForkServer:
     def receive(self) -> Message:
         return self.pending.pop(0) if self.pending else recv(self.sock)[0]
 
-    def close(self) -> None:
-        self.sock.close()  # the server sees EOF, kills any workers, and exits
+    def close(self, grace: float = 10.0) -> None:
+        """End the server: it reads EOF, kills its workers, and exits; after ``grace`` seconds,
+        SIGKILL (by the pid this handle started). A server still importing torch reads the EOF
+        only once its imports are done (seconds on a loaded machine): the stop button closes
+        with a short grace, and its workers, if it forked any, die with it (a parent-death
+        signal). A shared server closed here is forgotten: the next launch starts a fresh one
+        without calling it dead."""
+        if _servers.get(os.getpid()) is self:
+            del _servers[os.getpid()]
+        self.sock.close()
         try:
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
@@ -92,11 +114,11 @@ def shared_server() -> ForkServer:
 
 
 def prestart() -> ForkServer | None:
-    """Start this kernel's shared server now, and load the live view's matplotlib in a thread,
-    if this process is a Jupyter kernel that has none and the user did not opt out
-    (``NBACCEL_PRESTART=0``, or ``nbaccel config --no-prestart``). Scripts, workers, the server
-    itself and torchrun's processes are not kernels: nothing starts there. Returns the server
-    started, if one was."""
+    """Start this kernel's shared server now, and have the kernel import what a launch needs of
+    torch and matplotlib once the current cell has finished, if this process is a Jupyter
+    kernel that has none and the user did not opt out (``NBACCEL_PRESTART=0``, or ``nbaccel
+    config --no-prestart``). Scripts, workers, the server itself and torchrun's processes are
+    not kernels: nothing starts there. Returns the server started, if one was."""
     if not in_notebook() or os.getpid() in _servers:
         return None
     if os.environ.get(PRESTART_VAR, "1").strip() == "0":
@@ -107,21 +129,56 @@ def prestart() -> ForkServer | None:
     except ValueError:
         return None  # a broken config file is said by the launch that reads it, not here
     server = _servers[os.getpid()] = ForkServer()
-    warm_up()  # the view's first panel, in a thread: the first launch's view is then ready
-    if "torch.distributed" not in sys.modules:  # the launch hosts the workers' store with it
-        threading.Thread(target=_import_torch, name="nbaccel-torch-import", daemon=True).start()
+    _when_idle(warm_kernel)
     return server
 
 
-def _import_torch() -> None:
-    """What a launch needs of torch in the kernel: ``torch.distributed``, whose TCPStore is where
-    the workers meet (``rendezvous.py``). A notebook whose cells never imported torch (a first
-    launch of a function that prints its rank) would wait for it at the launch, about a second
-    on 2 cores. A cell that imports torch meanwhile waits for this import, not for a second."""
+def warm_kernel() -> None:
+    """What a launch needs in this process, imported now: ``torch.distributed``, whose TCPStore
+    is where the workers meet (``rendezvous.py``; a notebook whose cells never imported torch
+    would wait for it at its first launch, about a second on 2 cores), and the live view's
+    first panel (``panel.warm_up``: matplotlib and its fonts, 0.4 s). Call it on the thread
+    that runs the cells, never beside it (``_when_idle``)."""
     try:
         import torch.distributed  # noqa: F401
     except Exception:
         pass  # the launch imports it again, and says what is wrong there
+    warm_up()
+
+
+def _when_idle(work, cells: int = 3) -> bool:
+    """Run ``work`` on this thread's event loop (a kernel's main thread, the one that runs the
+    cells) once no cell is running: never at the same time as a cell's own code, since both run
+    on one thread, and never while the stop button could interrupt it (ipykernel ignores
+    SIGINT between cells; a cell that awaits lets the loop run with it armed: then the work
+    waits for the cell's end). Gives up after ``cells`` cells (a kernel that never ignores
+    SIGINT): the launch imports what it needs itself. False where no loop runs here."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+
+    def run() -> None:
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            _quietly(work)
+        elif cells > 1:  # a cell is running (at an await): after it ends
+            shell = sys.modules["IPython"].get_ipython()
+
+            def after_cell(*_) -> None:
+                shell.events.unregister("post_run_cell", after_cell)
+                _when_idle(work, cells - 1)
+
+            shell.events.register("post_run_cell", after_cell)
+
+    loop.call_soon(run)
+    return True
+
+
+def _quietly(work) -> None:
+    try:
+        work()
+    except Exception:  # a warm-up only saves time: the launch meets the same error and says it
+        pass
 
 
 def _ended(code: int) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -35,12 +36,15 @@ from dataclasses import replace
 from ..env import CHANNEL_VAR
 from ..errors import RETURN_INSTEAD
 from ..observe.stacks import listen_from_environ
+from .descriptors import raise_limit, refusal
 from .groups import keep_groups_until_exit
 from .protocol import (
     FDS_PER_WORKER,
     ExceptionData,
     Exited,
     Failure,
+    MissingDescriptors,
+    Refused,
     Result,
     Signal,
     Start,
@@ -66,6 +70,7 @@ def serve(control_fd: int) -> None:
     import nbaccel.accelerator.accelerator  # noqa: F401
 
     gc.freeze()  # what is loaded stays shared with the workers: their collections skip it
+    limits = raise_limit()  # room for big launches' descriptors; each worker gets these back
     control = socket.socket(fileno=control_fd)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -79,8 +84,12 @@ def serve(control_fd: int) -> None:
         while True:
             for key, _ in selector.select():
                 if key.fileobj is control:
-                    message, fds = recv(control, max_fds=64)
-                    _handle(control, message, fds, launches, wake_r, wake_w)
+                    try:
+                        message, fds = recv(control)
+                    except MissingDescriptors as err:  # forked, they would fail: say why
+                        send(control, Refused(err.start.launch, refusal(err)))
+                        continue
+                    _handle(control, message, fds, launches, wake_r, wake_w, limits)
                 else:
                     os.read(wake_r, 4096)
             _reap(control, launches)
@@ -92,7 +101,7 @@ def serve(control_fd: int) -> None:
                 _signal_group(pid, signal.SIGKILL)
 
 
-def _handle(control, message, fds, launches, wake_r, wake_w) -> None:
+def _handle(control, message, fds, launches, wake_r, wake_w, limits) -> None:
     if isinstance(message, Start):
         pids, server = [], os.getpid()
         for i, spec in enumerate(message.workers):
@@ -102,6 +111,7 @@ def _handle(control, message, fds, launches, wake_r, wake_w) -> None:
                 code = 1
                 try:
                     _die_with(server)
+                    resource.setrlimit(resource.RLIMIT_NOFILE, limits)  # the kernel gave us these
                     os.close(wake_r)
                     os.close(wake_w)
                     control.close()

@@ -4,11 +4,14 @@ Both ends import this module, so each message is one frozen dataclass, defined o
 of Unix socket carry them, all created by the launcher:
 
 * the control socket, launcher <-> fork server: ``Start`` carries one ``WorkerSpec`` per
-  worker and, as passed file descriptors, ``FDS_PER_WORKER`` per worker (stdout and stderr
-  pipes, message socket, metrics socket); the server answers ``Started`` with the pids, then
-  ``Exited`` for each worker. ``Signal`` asks the server to signal a launch's live workers: the
-  server is their parent and reaps them itself, so it never signals a pid that was reused.
-  Framing: a 4-byte length, then the pickle (``send``/``recv``).
+  worker, and each worker's ``FDS_PER_WORKER`` file descriptors (stdout and stderr pipes,
+  message socket, metrics socket) follow it as passed descriptors, in a one-byte message of
+  their own per worker: Linux passes at most 253 in one message (``SCM_MAX_FD``), and a receiver
+  that reads a known number per worker can tell a short set. The server answers ``Started``
+  with the pids, then ``Exited`` for each worker; or ``Refused`` when a worker's descriptors did
+  not all arrive (its open-file limit), having started nothing. ``Signal`` asks the server to
+  signal a launch's live workers: the server is their parent and reaps them itself, so it never
+  signals a pid that was reused. Framing: a 4-byte length, then the pickle (``send``/``recv``).
 * each worker's message socket: the call in (``pack_call``: the function travels by value),
   then ``Result`` or ``Failure`` out (``encode``/``decode``, one message per frame).
 * each worker's metrics socket: datagrams of ``Accelerator.log`` records (``observe/channel.py``).
@@ -22,6 +25,7 @@ from __future__ import annotations
 import collections
 import io
 import linecache
+import os
 import pickle
 import socket
 import struct
@@ -68,6 +72,14 @@ class Started:
 
     launch: int
     pids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Server -> launcher: nothing of ``launch`` was started; ``reason`` says why and the fix."""
+
+    launch: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -190,8 +202,8 @@ class Failure:
     exit_code: int | None = None  # a SystemExit's: the worker may be stopped before it exits
 
 
-MESSAGES = (Start, Signal, Started, Exited, Result, Failure)
-Message = Start | Signal | Started | Exited | Result | Failure
+MESSAGES = (Start, Signal, Started, Refused, Exited, Result, Failure)
+Message = Start | Signal | Started | Refused | Exited | Result | Failure
 
 
 # -- framing -------------------------------------------------------------------------------------
@@ -208,37 +220,71 @@ def decode(data: bytes) -> Message:
     return message
 
 
+class MissingDescriptors(Exception):
+    """A ``Start``'s descriptors did not all arrive: the receiver could not take them all (its
+    open-file limit, most often). Those that did are closed, and the stream is in step: the next
+    ``recv`` reads the next message."""
+
+    def __init__(self, start: Start, received: int) -> None:
+        self.start, self.received = start, received
+        self.expected = FDS_PER_WORKER * len(start.workers)
+        super().__init__(
+            f"received {received} of the {self.expected} file descriptors for "
+            f"{len(start.workers)} workers"
+        )
+
+
 def send(sock: socket.socket, message: Message, fds: list[int] | None = None) -> None:
-    """One message on the control socket, and the descriptors ``fds`` with it."""
+    """One message on the control socket; a ``Start``'s descriptors ``fds`` follow it,
+    ``FDS_PER_WORKER`` to a one-byte message."""
+    fds = fds or []
+    expected = FDS_PER_WORKER * len(message.workers) if isinstance(message, Start) else 0
+    if len(fds) != expected:  # the receiver would wait for the missing ones, or misread the rest
+        raise ValueError(
+            f"this {type(message).__name__} sends {expected} descriptors ({FDS_PER_WORKER} per "
+            f"worker of a Start, none with other messages), not {len(fds)}"
+        )
     data = encode(message)
-    header = _HEADER.pack(len(data))
-    if fds:
-        socket.send_fds(sock, [header], fds)
-    else:
-        sock.sendall(header)
-    sock.sendall(data)
+    sock.sendall(_HEADER.pack(len(data)) + data)
+    for i in range(0, len(fds), FDS_PER_WORKER):
+        socket.send_fds(sock, [b"\0"], fds[i : i + FDS_PER_WORKER])
 
 
-def recv(sock: socket.socket, max_fds: int = 0) -> tuple[Message, list[int]]:
-    """One message and the descriptors sent with it; raises EOFError when the peer is gone."""
-    fds: list[int] = []
-    header = b""
-    while len(header) < _HEADER.size:
-        if max_fds and not header:
-            chunk, fds, _, _ = socket.recv_fds(sock, _HEADER.size, max_fds)
-        else:
-            chunk = sock.recv(_HEADER.size - len(header))
-        if not chunk:
+def recv(sock: socket.socket) -> tuple[Message, list[int]]:
+    """One message, and for a ``Start`` its workers' descriptors, all of them: a short set
+    raises ``MissingDescriptors``. Raises EOFError when the peer is gone."""
+    (size,) = _HEADER.unpack(_read(sock, _HEADER.size))
+    message = decode(_read(sock, size))
+    if not isinstance(message, Start):
+        return message, []
+    fds, short = [], False
+    for _ in message.workers:  # every worker's message is read, whatever arrives: in step
+        data, got, flags, _ = socket.recv_fds(sock, 1, FDS_PER_WORKER)
+        if not data:
+            _close(fds + got)
             raise EOFError("the peer closed the control socket")
-        header += chunk
-    (size,) = _HEADER.unpack(header)
+        fds += got
+        short = short or len(got) != FDS_PER_WORKER or bool(flags & socket.MSG_CTRUNC)
+    if short:
+        _close(fds)
+        raise MissingDescriptors(message, len(fds))
+    return message, fds
+
+
+def _read(sock: socket.socket, size: int) -> bytes:
+    """Exactly ``size`` bytes: never into the next message, whose descriptors would be lost."""
     data = bytearray()
     while len(data) < size:
         chunk = sock.recv(min(size - len(data), 1 << 20))
         if not chunk:
             raise EOFError("the peer closed the control socket")
         data += chunk
-    return decode(bytes(data)), list(fds)
+    return bytes(data)
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 # -- the call: the function, by value ------------------------------------------------------------

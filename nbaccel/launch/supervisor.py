@@ -29,7 +29,7 @@ from ..errors import LaunchError
 from ..observe.channel import decode as decode_records
 from ..observe.hang import Report, Stall, ask
 from ..observe.records import Run
-from . import leftovers, memory, verdict
+from . import descriptors, leftovers, memory, verdict
 from .client import ForkServer, shared_server
 from .protocol import Exited, Failure, Message, Result, WorkerSpec, decode
 from .relay import Relay
@@ -39,6 +39,9 @@ GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL when stopping workers
 # peer that left may still be on its way to say why (a `finally` that ended its process group
 # before its exception reached nbaccel). Only a hang lasts this long.
 PEER_REPORT_SECONDS = 3.0
+# The stop button's grace for a fork server that is starting: one that serves exits at once on
+# its socket's end; one still importing torch would read it only seconds later, so it is killed.
+STOP_GRACE_SECONDS = 0.5
 
 
 # -- one launch ----------------------------------------------------------------------------------
@@ -109,7 +112,8 @@ class Launch:
             try:
                 self._start(server)
             except KeyboardInterrupt:
-                server.close()  # mid-message, perhaps: the next launch starts a new server
+                # mid-message, perhaps, or still importing torch: the next launch starts anew
+                server.close(grace=STOP_GRACE_SECONDS)
                 print("nbaccel: interrupted while the workers started; they were stopped.",
                       file=sys.stderr, flush=True)  # fmt: skip
                 raise
@@ -122,14 +126,7 @@ class Launch:
             try:
                 self._supervise(server)
             except KeyboardInterrupt:
-                try:  # a second interrupt while asking still stops the workers
-                    found = self._where()
-                finally:
-                    self._stop(server)
-                    self._supervise(server)
-                self.relay.end_line()
-                print(f"nbaccel: interrupted; the workers were stopped. {found}", file=sys.stderr)
-                sys.stderr.flush()
+                self._interrupted(server)
                 raise
             finally:
                 self._drain_metrics()
@@ -138,6 +135,25 @@ class Launch:
             self.run.finished = time.time()
             self._finish(server)
 
+    def _interrupted(self, server: ForkServer) -> None:
+        """The stop button: find where every unfinished rank is, stop them all (SIGTERM, SIGKILL
+        after the grace), and say both. Pressed again meanwhile, it cuts the asking short, or the
+        grace (SIGKILL at once); what was found is said either way."""
+        try:
+            found: object = self._where()
+        except KeyboardInterrupt:
+            found = "(Pressed twice: where the ranks were was not asked.)"
+        self._stop(server)
+        while True:
+            try:
+                self._supervise(server)
+                self.relay.end_line()
+                print(f"nbaccel: interrupted; the workers were stopped. {found}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                return
+            except KeyboardInterrupt:  # pressed again: the grace is over (SIGKILL, _on_clock)
+                self.stopping_since = float("-inf")
+
     @property
     def worker_failed(self) -> bool:
         """A worker raised or died: what a restart may cure. Not a timeout (the next attempt
@@ -145,26 +161,22 @@ class Launch:
         return bool(self.failed_order) and not self.timed_out and not self.server_died
 
     def _start(self, server: ForkServer) -> None:
+        workers = len(self.spec.envs)
+        opened = descriptors.check_room(workers)  # before any is made: the limit, and the fix
         specs, worker_fds = [], []
         self.server_pid = server.process.pid
         self.stacks_dir = tempfile.mkdtemp(prefix="nbaccel-stacks-")
-        for rank, env in enumerate(self.spec.envs):
-            env = {**env, STACKS_VAR: self.stacks_dir, LAUNCH_VAR: self.marker}
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
-            ours, theirs = socket.socketpair()
-            metrics, their_metrics = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-            metrics.setblocking(False)
-            self.ranks.append(
-                _Rank(int(env["RANK"]), out_r, err_r, Connection(ours.detach()), metrics=metrics)
-            )
-            self.relay.add(out_r, self.ranks[-1].rank, "out")
-            self.relay.add(err_r, self.ranks[-1].rank, "err")
-            worker_fds += [out_w, err_w, theirs.detach(), their_metrics.detach()]
-            specs.append(WorkerSpec(env, os.getcwd(), list(sys.path), self.spec.threads, rank))
-        try:
+        try:  # the ranks' own ends are closed by _finish, whatever happens here
+            for rank, env in enumerate(self.spec.envs):
+                env = {**env, STACKS_VAR: self.stacks_dir, LAUNCH_VAR: self.marker}
+                (out, err, channel, metrics), theirs = descriptors.worker_ends(workers, opened)
+                self.ranks.append(_Rank(int(env["RANK"]), out, err, channel, metrics=metrics))
+                self.relay.add(out, self.ranks[-1].rank, "out")
+                self.relay.add(err, self.ranks[-1].rank, "err")
+                worker_fds += theirs
+                specs.append(WorkerSpec(env, os.getcwd(), list(sys.path), self.spec.threads, rank))
             pids = server.start(self.id, specs, worker_fds)
-        finally:
+        finally:  # the server has its copies now, or nothing started
             for fd in worker_fds:
                 os.close(fd)
         for r, pid in zip(self.ranks, pids, strict=True):

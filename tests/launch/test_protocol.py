@@ -15,6 +15,8 @@ from nbaccel.launch.protocol import (
     ExceptionData,
     Exited,
     Failure,
+    MissingDescriptors,
+    Refused,
     Result,
     Signal,
     Start,
@@ -41,7 +43,7 @@ def pair():
 
 @pytest.mark.parametrize(
     "message",
-    [Start(3, (SPEC, SPEC)), Signal(3, 15), Started(3, (101, 102)), Exited(101, -9)],
+    [Signal(3, 15), Started(3, (101, 102)), Refused(3, "why"), Exited(101, -9)],
     ids=lambda m: type(m).__name__,
 )
 def test_each_control_message_crosses_a_socketpair_intact(pair, message):
@@ -51,19 +53,75 @@ def test_each_control_message_crosses_a_socketpair_intact(pair, message):
     assert received == message and type(received) is type(message) and fds == []
 
 
-def test_descriptors_travel_with_a_message_and_still_work(pair):
+def test_descriptors_travel_with_a_start_and_still_work(pair):
     ours, theirs = pair
     read, write = os.pipe()
+    extra = [os.dup(write) for _ in range(3)]  # four per worker
     try:
-        send(ours, Start(0, (SPEC,)), [write])
-        message, fds = recv(theirs, max_fds=4)
-        assert message == Start(0, (SPEC,)) and len(fds) == 1
+        send(ours, Start(0, (SPEC,)), [write, *extra])
+        message, fds = recv(theirs)
+        assert message == Start(0, (SPEC,)) and len(fds) == 4
         os.write(fds[0], b"through the passed fd")
-        os.close(fds[0])
+        for fd in fds:
+            os.close(fd)
         assert os.read(read, 100) == b"through the passed fd"
     finally:
-        os.close(read)
-        os.close(write)
+        for fd in [read, write, *extra]:
+            os.close(fd)
+
+
+def test_more_descriptors_than_one_message_carries_arrive_in_order(pair):
+    # Linux passes at most 253 descriptors in one message (SCM_MAX_FD): 70 workers' 280 travel
+    # one worker to a message, and each worker gets its own four.
+    ours, theirs = pair
+    theirs.settimeout(10)  # a hang catcher: a sender that failed sends nothing
+    pipes = [os.pipe() for _ in range(70 * 4)]
+    start = Start(1, (SPEC,) * 70)
+    sender = threading.Thread(target=send, args=(ours, start, [w for _, w in pipes]))
+    sender.start()
+    try:
+        message, fds = recv(theirs)
+        sender.join()
+        assert message == start and len(fds) == 280
+        for i, fd in enumerate(fds):
+            os.write(fd, str(i).encode())
+            os.close(fd)
+        assert [os.read(r, 10) for r, _ in pipes] == [str(i).encode() for i in range(280)]
+    finally:
+        sender.join()
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+
+
+def test_a_short_descriptor_set_is_closed_and_the_stream_stays_in_step(pair):
+    ours, theirs = pair
+    read, write = os.pipe()
+    sent = [os.dup(write) for _ in range(7)]
+    try:
+        # The second worker's set came short, as when the receiver's open-file limit cut it
+        # (MSG_CTRUNC): the framing written out, since send() refuses a short set.
+        data = encode(Start(2, (SPEC, SPEC)))
+        ours.sendall(len(data).to_bytes(4, "big") + data)
+        socket.send_fds(ours, [b"\0"], sent[:4])
+        socket.send_fds(ours, [b"\0"], sent[4:])
+        send(ours, Signal(2, 15))
+        before = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(MissingDescriptors, match="received 7 of the 8 file descriptors"):
+            recv(theirs)
+        assert len(os.listdir("/proc/self/fd")) == before  # what arrived was closed
+        assert recv(theirs) == (Signal(2, 15), [])  # the next message, whole
+    finally:
+        for fd in [read, write, *sent]:
+            os.close(fd)
+
+
+def test_a_message_with_the_wrong_number_of_descriptors_is_not_sent(pair):
+    ours, _ = pair
+    with pytest.raises(ValueError, match=r"this Start sends 8 descriptors .* not 3"):
+        send(ours, Start(0, (SPEC, SPEC)), [0, 1, 2])
+    with pytest.raises(ValueError, match=r"this Signal sends 0 descriptors .* not 1"):
+        send(ours, Signal(0, 15), [0])
 
 
 def test_a_large_message_arrives_whole(pair):

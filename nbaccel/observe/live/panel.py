@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import io
-import threading
 from typing import TYPE_CHECKING, Any
 
 from ..channel import MIN_RATE_SPAN_S, MIN_WINDOW_S, RSS, SAMPLES
@@ -56,28 +55,24 @@ BOLD = {"lw": 2.2, "color": "black", "zorder": 3}  # the mean and the total, ove
 WIDTHS = (1, 1, 0.55)
 
 
-_warming: threading.Thread | None = None  # the warm-up, once a process (``warm_up``)
-_warm_lock = threading.Lock()
+_warmed = False  # the warm-up ran in this process (``warm_up``)
 
 
 def warm_up() -> None:
-    """Import matplotlib and load its fonts in a thread, once a process: about half a second on
-    2 cores, spent in the background (a kernel's import, ``client.prestart``; else the launch's
-    start) instead of before the launch (a fresh kernel's first launch waited for it: 0.5 s,
-    against 0.06 s without a view). A panel made meanwhile waits for it, up to a minute:
-    matplotlib's first import and fonts are not for two threads at once."""
-    global _warming
-    with _warm_lock:
-        if _warming is None:
-            _warming = threading.Thread(target=_warm, name="nbaccel-warm-up", daemon=True)
-            _warming.start()
-
-
-def _warm() -> None:
+    """Import matplotlib and load its fonts by drawing one empty panel, once a process: about
+    half a second on 2 cores. A kernel calls it on its main thread while idle, after the cell
+    that imported the launcher (``launch.client.prestart``), so that the first launch's panel
+    is drawn at once. Never from a thread of its own: an import in a background thread races
+    the cell's own imports (torch's and matplotlib's are not safe from two threads at once).
+    Without matplotlib it does nothing: the launch's view says so, once, when it draws."""
+    global _warmed
+    if _warmed:
+        return
+    _warmed = True
     try:
         Panel().render()
     except Exception:
-        pass  # the first real panel raises it, where it is seen
+        pass  # the launch's first panel meets it again, and the view says what is wrong
 
 
 class Panel:
@@ -85,8 +80,6 @@ class Panel:
     updated, not built again for every redraw."""
 
     def __init__(self) -> None:
-        if _warming is not None and _warming is not threading.current_thread():
-            _warming.join(60)  # matplotlib and its fonts loaded before this thread uses them
         from matplotlib.figure import Figure
 
         self.fig = Figure(figsize=(12, 3.4), dpi=80)  # no layout engine: it doubles the time
