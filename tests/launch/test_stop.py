@@ -23,6 +23,7 @@ pytestmark = pytest.mark.multiprocess
 GATE = """
 import os, sys, time
 if "nbaccel.launch.forkserver" in sys.orig_argv:
+    open({gate!r} + ".waiting", "w").close()  # its kernel is waiting for it by now
     for _ in range(6000):  # 10 minutes at most: a hang's bound
         if os.path.exists({gate!r}):
             break
@@ -45,8 +46,10 @@ def test_stopping_while_the_server_imports_ends_it_and_the_next_launch_starts_af
     with kernel_with(str(tmp_path), IMPORT, env=env) as kernel:
         assert kernel.servers() == []
         msg_id = kernel.start(LAUNCH)
-        deadline = time.monotonic() + 120  # a hang's bound
-        while not kernel.servers():  # started, then held at the gate: still importing
+        # The server has started Python and reached the gate: the kernel, which only had to
+        # hand it the workers' descriptors meanwhile, waits for its answer.
+        waiting, deadline = tmp_path / "gate.waiting", time.monotonic() + 120  # a hang's bound
+        while not waiting.exists():
             assert time.monotonic() < deadline, "the launch never started its server"
             time.sleep(0.05)
         (server,) = kernel.servers()
