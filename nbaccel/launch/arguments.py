@@ -18,6 +18,7 @@ from ..config import LaunchConfig, check_seconds
 from ..errors import NbaccelError
 from ..observe.live.view import LiveView
 from ..observe.records import Run
+from .rendezvous import import_torch_distributed
 
 START_METHODS = ("forkserver", "spawn")
 
@@ -158,6 +159,7 @@ def check_notebook_launch(
 
 
 def _check_no_process_group() -> None:
+    import_torch_distributed()  # the first import of a launch: whole even if stopped meanwhile
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

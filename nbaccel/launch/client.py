@@ -37,6 +37,7 @@ from ..env import PRESTART_VAR, in_notebook
 from ..errors import LaunchError
 from ..observe.live.panel import warm_up
 from .protocol import Message, Refused, Signal, Start, Started, WorkerSpec, recv, send
+from .rendezvous import import_torch_distributed
 
 
 class ForkServer:
@@ -140,7 +141,7 @@ def warm_kernel() -> None:
     first panel (``panel.warm_up``: matplotlib and its fonts, 0.4 s). Call it on the thread
     that runs the cells, never beside it (``_when_idle``)."""
     try:
-        import torch.distributed  # noqa: F401
+        import_torch_distributed()
     except Exception:
         pass  # the launch imports it again, and says what is wrong there
     warm_up()

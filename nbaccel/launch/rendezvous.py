@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import datetime
 import logging
+import signal
 import socket
+import sys
+import threading
 from contextlib import contextmanager
 
 from ..errors import NbaccelError
@@ -61,6 +64,31 @@ def rendezvous(num_nodes: int, node_rank: int, master_addr: str, master_port: in
             except Exception:  # a node that died never says so; it has had its time
                 logger.warning("not every node reported back within %s; closing the store", wait)
         del store  # closes the listening socket: the port is free again
+
+
+def import_torch_distributed() -> None:
+    """Import ``torch.distributed`` (and torch) with the stop button held until it is done: an
+    import cut short by KeyboardInterrupt leaves torch broken in this process until a restart
+    (its C++ registries filled, its module half made: "Only a single TORCH_LIBRARY can be
+    used..."). A press meanwhile is raised as soon as the import is whole. On the main thread
+    only, where Python runs signal handlers; elsewhere, a plain import."""
+    if (
+        "torch.distributed" in sys.modules
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        import torch.distributed
+
+        return
+    pressed: list = []
+    previous = signal.signal(signal.SIGINT, lambda *sig: pressed.append(sig))
+    try:
+        import torch.distributed  # noqa: F401
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed and callable(previous):
+        previous(*pressed[0])  # the stop, now that torch is whole: KeyboardInterrupt
+    elif pressed and previous == signal.SIG_DFL:
+        signal.raise_signal(signal.SIGINT)
 
 
 def say_done(master_addr: str, master_port: int | None, node_rank: int) -> None:

@@ -100,3 +100,51 @@ def test_pressing_stop_twice_keeps_the_report_of_where_each_rank_was(tmp_path):
         # rank 0 is on its way into the all-reduce, or in it: either is where it was
         assert re.search(r"rank 0 (is in|waits in `all_reduce` called from) `stubborn`", out.stderr)
         no_workers_left(kernel)
+
+
+# The kernel's own import of torch, held half-way (at torch.nn, after torch's C++ part has
+# registered itself) until the test opens a gate: a notebook that never imported torch, whose
+# first launch imports it for the store.
+HALF_IMPORTED = """
+import os, sys, time
+
+class Gate:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch.nn" and not os.path.exists({mark!r}):
+            open({mark!r}, "w").close()
+            for _ in range(6000):  # 10 minutes at most: a hang's bound
+                if os.path.exists({gate!r}):
+                    break
+                time.sleep(0.1)
+        return None
+
+sys.meta_path.insert(0, Gate())
+from nbaccel import notebook_launcher
+"""
+
+
+def test_stopping_while_the_kernel_imports_torch_leaves_torch_whole(tmp_path):
+    """The first launch of a notebook that never imported torch imports it in the kernel (the
+    store's ``torch.distributed``). Pressed in the middle of that import, the stop used to cut
+    it short, and torch stayed broken in the kernel until a restart ("partially initialized
+    module 'torch'"). The stop now waits for the import to be whole, then stops the cell."""
+    mark, gate = tmp_path / "importing", tmp_path / "gate"
+    cell = HALF_IMPORTED.format(mark=str(mark), gate=str(gate))
+    with kernel_with(str(tmp_path), cell, env={"NBACCEL_PRESTART": "0"}) as kernel:
+        msg_id = kernel.start(LAUNCH)
+        deadline = time.monotonic() + 120  # a hang's bound
+        while not mark.exists():
+            assert time.monotonic() < deadline, "the launch never imported torch"
+            time.sleep(0.05)
+        kernel.manager.interrupt_kernel()  # Jupyter's stop button, half-way through the import
+        gate.touch()
+        out = kernel.finish(msg_id, timeout=120)
+        assert out.error["ename"] == "KeyboardInterrupt", out
+        assert kernel.servers() == []  # stopped before anything started
+        whole = kernel.run("import torch\n(torch.ones(1) + 1).item()")
+        assert whole.error is None, whole.error
+        assert whole.value == "2.0"
+        out = kernel.run(f"{LAUNCH} > 0")
+        assert out.error is None, out.error
+        assert out.value == "True"
+        no_workers_left(kernel)
