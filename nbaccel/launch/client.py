@@ -139,29 +139,30 @@ def warm_kernel() -> None:
     is where the workers meet (``rendezvous.py``; a notebook whose cells never imported torch
     would wait for it at its first launch, about a second on 2 cores), and the live view's
     first panel (``panel.warm_up``: matplotlib and its fonts, 0.4 s). Call it on the thread
-    that runs the cells, never beside it (``_when_idle``)."""
+    that runs the cells, never beside it (``_when_idle``). Raises nothing: a warm-up only saves
+    time, and the launch meets the same error and says it."""
     try:
         import_torch_distributed()
     except Exception:
-        pass  # the launch imports it again, and says what is wrong there
-    warm_up()
+        pass
+    warm_up()  # contains its own errors
 
 
-def _when_idle(work, cells: int = 3) -> bool:
+def _when_idle(work, cells: int = 3) -> None:
     """Run ``work`` on this thread's event loop (a kernel's main thread, the one that runs the
     cells) once no cell is running: never at the same time as a cell's own code, since both run
     on one thread, and never while the stop button could interrupt it (ipykernel ignores
     SIGINT between cells; a cell that awaits lets the loop run with it armed: then the work
     waits for the cell's end). Gives up after ``cells`` cells (a kernel that never ignores
-    SIGINT): the launch imports what it needs itself. False where no loop runs here."""
+    SIGINT), or where no loop runs here: the launch imports what it needs itself."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        return False
+        return
 
     def run() -> None:
         if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-            _quietly(work)
+            work()
         elif cells > 1:  # a cell is running (at an await): after it ends
             shell = sys.modules["IPython"].get_ipython()
 
@@ -172,14 +173,6 @@ def _when_idle(work, cells: int = 3) -> bool:
             shell.events.register("post_run_cell", after_cell)
 
     loop.call_soon(run)
-    return True
-
-
-def _quietly(work) -> None:
-    try:
-        work()
-    except Exception:  # a warm-up only saves time: the launch meets the same error and says it
-        pass
 
 
 def _ended(code: int) -> str:

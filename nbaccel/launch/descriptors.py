@@ -55,7 +55,7 @@ def check_room(workers: int) -> int | None:
     opened = open_count()
     soft, _ = limits()
     unlimited = opened is None or soft == UNLIMITED  # as far as this process can tell
-    if not unlimited and opened + WHILE_STARTING * workers + HEADROOM > soft:
+    if not unlimited and _needed(workers, opened) > soft:
         raise no_room(workers, opened)
     return opened
 
@@ -65,7 +65,7 @@ def no_room(workers: int, opened: int | None, err: OSError | None = None) -> Lau
     ``check_room``, or met as ``err`` (EMFILE, ENFILE) while making them."""
     soft, hard = limits()
     opened = opened or 0
-    need = opened + WHILE_STARTING * workers + HEADROOM
+    need = _needed(workers, opened)
     what = f"{err} while making the descriptors for" if err else "not enough file descriptors for"
     text = (
         f"{what} the launch's {workers} workers: each needs {WHILE_STARTING} descriptors in this "
@@ -147,7 +147,13 @@ def worker_ends(workers: int, opened: int | None) -> tuple[tuple, list[int]]:
     return ours, [out_w, err_w, their_channel, their_metrics]
 
 
+def _needed(workers: int, opened: int) -> int:
+    """Descriptors open at the peak of a launch's start: what was open, the workers', ours."""
+    return opened + WHILE_STARTING * workers + HEADROOM
+
+
 def _fits(limit: int, opened: int) -> int:
+    """How many workers fit under ``limit``: ``_needed`` solved for ``workers``."""
     return max(0, (limit - opened - HEADROOM) // WHILE_STARTING)
 
 

@@ -18,22 +18,22 @@ fork server (default)  0.07-0.12 s  yes: workers fork from a fresh interpreter t
 launch after a 10 s pause took 0.045 s: ``benchmarks/results/first-launch-cpu.md``.)
 
 So ``start_method="forkserver"`` (the default) keeps one server per kernel and forks workers from
-it. In a Jupyter kernel that server is started when this module is first imported (``from nbaccel
-import notebook_launcher``; for ``import nbaccel``, after its cell): what nbaccel starts at import
-time, on purpose (``client.prestart``). It costs one core while its interpreter imports torch
-(seconds, as you write the next cells), then only its memory (below); it waits in ``select`` until
-a launch, and ends with the kernel. After the cell, the kernel's own thread loads the view's
-matplotlib (0.4 s of one core, 35 MiB) and, if no cell did, ``torch.distributed`` (the store's, 1
-s): never a thread beside the cells, whose imports it would race (``client.py``). Outside a kernel
-nothing starts. ``NBACCEL_PRESTART=0`` or ``nbaccel config --no-prestart`` turns them all off: the
-first launch then starts the server. A server that died between launches is said, and replaced by
-the next launch. ``"spawn"`` starts a fresh server for this launch alone and shuts it down after,
-for scripts that want nothing left running. Either way the function travels by value (cloudpickle),
-so functions and classes defined in notebook cells work, and CUDA state in the kernel does not
-matter: no worker is a fork of the kernel. The price is the server's own torch import: kernel,
-server and 2 idle workers hold 429 MiB (PSS) against 186 for a bare fork; after 20 training steps
-and a garbage collection (which copies a forked parent's objects, unless frozen: the server's are)
-436 against 438 (``benchmarks/launch.py``).
+it. In a Jupyter kernel that server is started when this module is first imported
+(``from nbaccel import notebook_launcher``; for ``import nbaccel``, after its cell): what nbaccel
+starts at import time, on purpose (``client.prestart``). It costs one core while its interpreter
+imports torch (seconds, as you write the next cells), then only its memory (below); it waits in
+``select`` until a launch, and ends with the kernel. After the cell, the kernel's own thread loads
+the view's matplotlib (0.4 s of one core, 35 MiB) and, if no cell did, the store's
+``torch.distributed`` (1 s): never a thread beside the cells, whose imports it would race
+(``client.py``). Outside a kernel nothing starts. ``NBACCEL_PRESTART=0`` or ``nbaccel config
+--no-prestart`` turns them all off: the first launch then starts the server. A server that died
+between launches is said, and replaced by the next launch. ``"spawn"`` starts a fresh server for
+this launch alone and shuts it down after, for scripts that want nothing left running. Either way
+the function travels by value (cloudpickle), so functions and classes defined in notebook cells
+work, and CUDA state in the kernel does not matter: no worker is a fork of the kernel. The price is
+the server's own torch import: kernel, server and 2 idle workers hold 429 MiB (PSS) against 186 for
+a bare fork; after 20 training steps and a garbage collection (which copies a forked parent's
+objects, unless frozen: the server's are) 436 against 438 (``benchmarks/launch.py``).
 
 Options: the arguments, the ``nbaccel config`` file and the machine resolve into one
 ``LaunchConfig`` (``config.py``), as for ``nbaccel launch``; workers read it back. Rendezvous:

@@ -151,8 +151,8 @@ class Launch:
                 print(f"nbaccel: interrupted; the workers were stopped. {found}",
                       file=sys.stderr, flush=True)  # fmt: skip
                 return
-            except KeyboardInterrupt:  # pressed again: the grace is over (SIGKILL, _on_clock)
-                self.stopping_since = float("-inf")
+            except KeyboardInterrupt:  # pressed again: the grace is over, _on_clock kills
+                self.stopping_since = time.monotonic() - GRACE_SECONDS
 
     @property
     def worker_failed(self) -> bool:

@@ -25,6 +25,19 @@ def a_view(front: FakeFrontend, clock: Clock, **kwargs) -> LiveView:
     return LiveView(front, text_interval=0, image_interval=0.25, clock=clock, **kwargs)
 
 
+def drive(front: FakeFrontend) -> int:
+    """A view over ``front`` (whose clock it shares), fed two seconds of a run, then closed;
+    returns how many lines ``front`` had after the first second (three panels were due)."""
+    clock = front.clock
+    view = a_view(front, clock)
+    run = a_run(steps=1)
+    feed(view, run, clock, 1.0)
+    lines = len(front.texts)
+    feed(view, run, clock, 1.0)
+    view.close(run)
+    return lines
+
+
 @pytest.fixture
 def no_matplotlib(monkeypatch):
     """``import matplotlib`` fails, as in a base install (matplotlib is in the notebook extra)."""
@@ -34,14 +47,8 @@ def no_matplotlib(monkeypatch):
 
 
 def test_without_matplotlib_the_line_goes_on_and_the_note_is_said_once(no_matplotlib, capsys):
-    clock = Clock()
-    front = FakeFrontend(clock)
-    view = a_view(front, clock)
-    run = a_run(steps=1)
-    feed(view, run, clock, 1.0)  # three panels were due
-    lines = len(front.texts)
-    feed(view, run, clock, 1.0)
-    view.close(run)
+    front = FakeFrontend(Clock())
+    lines = drive(front)
     assert capsys.readouterr().err == MISSING
     assert front.images == [] and front.closed
     assert len(front.texts) > lines + 100  # the progress line kept moving, to the end
@@ -66,15 +73,9 @@ class FailingImage(FakeFrontend):
 
 
 def test_a_panel_that_fails_is_off_for_the_rest_of_the_view(capsys, caplog):
-    clock = Clock()
-    front = FailingImage(clock)
-    view = a_view(front, clock)
-    run = a_run(steps=1)
+    front = FailingImage(Clock())
     with caplog.at_level(logging.DEBUG, logger=view_module.__name__):
-        feed(view, run, clock, 1.0)
-        lines = len(front.texts)
-        feed(view, run, clock, 1.0)
-        view.close(run)
+        lines = drive(front)
     assert capsys.readouterr().err == (
         "nbaccel: the live panel failed (RuntimeError: the frontend has no display) and is off "
         "for the rest of this run; the training goes on.\n"
@@ -91,12 +92,8 @@ def test_a_panel_whose_code_raises_is_contained_too(monkeypatch, capsys):
             raise ValueError("a bug in the panel")
 
     monkeypatch.setattr(view_module, "Panel", Broken)
-    clock = Clock()
-    front = FakeFrontend(clock)
-    view = a_view(front, clock)
-    run = a_run(steps=1)
-    feed(view, run, clock, 2.0)
-    view.close(run)
+    front = FakeFrontend(Clock())
+    drive(front)
     assert capsys.readouterr().err.count("nbaccel: the live panel failed (ValueError: a bug") == 1
     assert front.images == [] and front.closed
 
@@ -108,12 +105,8 @@ class FailingText(FakeFrontend):
 
 
 def test_a_line_that_fails_turns_the_view_off_and_says_so_once(capsys):
-    clock = Clock()
-    front = FailingText(clock)
-    view = a_view(front, clock)
-    run = a_run(steps=1)
-    feed(view, run, clock, 2.0)
-    view.close(run)
+    front = FailingText(Clock())
+    drive(front)
     assert capsys.readouterr().err == (
         "nbaccel: the live view failed (OSError: the stream is closed); the training goes on "
         "without it.\n"
