@@ -8,6 +8,12 @@ library. A notebook runs in its own folder, as Jupyter would run it, and is writ
 when every cell succeeded (through a temporary file, so a failed run leaves the old one whole).
 ``lessons`` then rebuilds the Arabic edition (``notebooks/ar/``) from the English lessons just
 run and their translations: the same code cells with the same outputs (``edition``).
+
+``lessons`` runs every lesson before it writes any, and writes them only when other programs
+left the machine alone meanwhile (``load``: at most ``LIMIT_CORES`` of a core on average, read
+from ``/proc/stat`` against this run's own processes) and every lesson's first output names the
+machine this run is on. It then records that machine, the load and each lesson's Run All time
+in ``notebooks/README.md``, between ``<!-- make lessons -->`` markers.
 """
 
 from __future__ import annotations
@@ -15,11 +21,13 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
 from . import edition
+from .load import LIMIT_CORES, LoadMeter
 from .notebooks import NOTEBOOKS, WIDGET, clean, lessons
 
 __all__ = ["FLAGSHIP", "NOTEBOOKS", "PANEL_TAG", "WIDGET", "execute", "final_panel", "lessons"]
@@ -29,11 +37,15 @@ PANEL_TAG = "demo-panel"  # the cell whose last image is the run's final loss/th
 
 
 def execute(
-    source: Path, dest: Path | None = None, timeout: int = 600, kernel_name: str = "python3"
+    source: Path,
+    dest: Path | None = None,
+    timeout: int = 600,
+    kernel_name: str = "python3",
+    write: bool = True,
 ):
     """Run every cell of ``source`` in a fresh kernel (default: python3, this interpreter);
-    write the result to ``dest`` (default: in place). Raises nbclient's CellExecutionError
-    naming the failing cell."""
+    write the result to ``dest`` (default: in place) unless ``write`` is false. Raises
+    nbclient's CellExecutionError naming the failing cell."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -46,12 +58,99 @@ def execute(
     )
     client.execute()
     clean(notebook)
-    dest = dest or source
+    if write:
+        save(notebook, dest or source)
+    return notebook
+
+
+def save(notebook, dest: Path) -> None:
+    """Write ``notebook`` to ``dest`` through a temporary file: never half a notebook."""
+    import nbformat
+
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(f".{dest.name}.partial")
     nbformat.write(notebook, partial)
     os.replace(partial, dest)
-    return notebook
+
+
+MACHINE = re.compile(r"^(?:CPU|GPU): .*\(torch [^)]+\)$", re.M)
+BEGIN, END = "<!-- make lessons -->", "<!-- /make lessons -->"
+
+
+def first_machine(notebook) -> str | None:
+    """The machine line of the notebook's first text output (its ``SIZE`` cell prints it)."""
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            text = output.get("text") or output.get("data", {}).get("text/plain")
+            if text:
+                found = MACHINE.search(text)
+                return found.group(0) if found else None
+    return None
+
+
+def record(readme: Path, machine: str, load, times: dict[str, float], day: str) -> None:
+    """Put this run's machine, load and Run All times in ``readme``'s generated block (rows of
+    lessons not run this time are kept)."""
+    text = readme.read_text()
+    old = re.search(re.escape(BEGIN) + r"(.*?)" + re.escape(END), text, re.S)
+    rows = dict(re.findall(r"^\| `(\S+)` \| (\d+) \|$", old.group(1), re.M)) if old else {}
+    rows.update({name: f"{seconds:.0f}" for name, seconds in times.items()})
+    table = "\n".join(f"| `{name}` | {rows[name]} |" for name in sorted(rows))
+    block = (
+        f"{BEGIN}\nExecuted by `make lessons` on {day}, every lesson in one run, on\n\n"
+        f"    {machine}\n\nand {load.verdict()}.\n\n"
+        f"| lesson | Run All, seconds |\n|---|---:|\n{table}\n{END}"
+    )
+    text = text.replace(old.group(0), block) if old else f"{text.rstrip()}\n\n{block}\n"
+    partial = readme.with_name(f".{readme.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, readme)
+
+
+def run_lessons(
+    paths: list[Path], check_load: bool = True, readme: Path | None = NOTEBOOKS / "README.md"
+) -> int:
+    """Execute ``paths``, then write them all (and their Arabic editions) or none; record the
+    run in ``readme`` (not for a draft run, ``check_load=False``)."""
+    from nbaccel.lessons import machine
+
+    here = machine()
+    ran, times = {}, {}
+    with LoadMeter() as meter:
+        for path in paths:
+            started = time.perf_counter()
+            print(f"{path}: running ...", flush=True)
+            ran[path] = execute(path, write=False)
+            times[path.name] = time.perf_counter() - started
+            print(f"{path}: done in {times[path.name]:.0f} s", flush=True)
+    load = meter.load
+    print(load.verdict(), flush=True)
+    if check_load and load.others > LIMIT_CORES:
+        print(
+            f"not written: other programs kept {load.others:.2f} cores busy meanwhile (more "
+            f"than {LIMIT_CORES:.2f}), so the lessons' measurements are not this machine's. "
+            "Stop them (top shows which) and run `make lessons` again.",
+            file=sys.stderr,
+        )
+        return 1
+    for path, notebook in ran.items():
+        shown = first_machine(notebook)
+        if shown != here:
+            print(
+                f"not written: {path.name}'s first output names {shown!r}, not this run's "
+                f"machine {here!r}; its SIZE cell must print machine()",
+                file=sys.stderr,
+            )
+            return 1
+    for path, notebook in ran.items():
+        save(notebook, path)
+    # the Arabic edition of each English lesson just run (an Arabic notebook named here
+    # was run itself, and keeps its own outputs)
+    for path in sorted(set(edition.translated()) & {p.resolve() for p in ran}):
+        print(f"{path.name}: Arabic edition -> {edition.build(path)}", flush=True)
+    if readme is not None and check_load:
+        record(readme, here, load, times, time.strftime("%Y-%m-%d"))
+    return 0
 
 
 def final_panel(notebook) -> bytes:
@@ -73,21 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("lessons", help="re-execute lesson notebooks in place")
     run.add_argument("notebooks", nargs="*", type=Path)
+    run.add_argument(
+        "--no-load-check",
+        action="store_true",
+        help="write the outputs even if other programs loaded the machine (for drafts only)",
+    )
     demo = sub.add_parser("demo", help="execute the flagship lesson into a results folder")
     demo.add_argument("--out", type=Path, default=Path("results/demo"))
     args = parser.parse_args(argv)
     if args.command == "lessons":
-        ran = args.notebooks or lessons()
-        for path in ran:
-            started = time.perf_counter()
-            print(f"{path}: running ...", flush=True)
-            execute(path)
-            print(f"{path}: done in {time.perf_counter() - started:.0f} s", flush=True)
-        # the Arabic edition of each English lesson just run (an Arabic notebook named here
-        # was run itself, and keeps its own outputs)
-        for path in sorted(set(edition.translated()) & {p.resolve() for p in ran}):
-            print(f"{path.name}: Arabic edition -> {edition.build(path)}", flush=True)
-        return 0
+        paths = [p.resolve() for p in args.notebooks] or lessons()
+        return run_lessons(paths, check_load=not args.no_load_check)
     started = time.perf_counter()
     dest = args.out / FLAGSHIP
     print(f"running {NOTEBOOKS / FLAGSHIP} on 2 CPU workers (about two minutes) ...", flush=True)

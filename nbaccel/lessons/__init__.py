@@ -5,6 +5,7 @@ from .data import load_digits, make_spirals
 from .gpu_figures import gpu_results
 from .models import MLP
 from .tools import AllReduceCounter, accuracy, gradient_bytes, machine, needs
+from .verdicts import rate_spread
 
 __all__ = [
     "MLP",
@@ -17,4 +18,5 @@ __all__ = [
     "machine",
     "make_spirals",
     "needs",
+    "rate_spread",
 ]
