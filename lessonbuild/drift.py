@@ -289,7 +289,7 @@ def readme_findings(path: Path, outputs=lesson_outputs) -> list[Finding]:
     lesson) that the lesson's own outputs do not show."""
     found = []
     text = GENERATED.sub(lambda m: "\n" * m.group(0).count("\n"), path.read_text())
-    for block in re.split(r"\n\s*\n|\n(?=\|)", FENCED.sub("", text)):
+    for block in re.split(r"\n\s*\n|\n(?=\||[-*+] )", FENCED.sub("", text)):
         mention = LESSON.search(block)
         if not mention:
             continue

@@ -6,13 +6,16 @@ are the machine's, and another program on one of 2 cores would halve them.
 
 The tree's CPU is read from every process in it, every ``interval`` seconds, and each process's
 largest reading kept (by pid and start time), so a worker that came and went between two
-readings is missed by at most one interval of its CPU: an error that makes others' share look
-larger, never smaller.
+readings is missed by at most one interval of its CPU. The kernel's own accounting of this
+process and its waited-for descendants (``getrusage``) misses instead what is still running or
+was never waited for; each errs low, so the larger of the two is the tree's: an error that
+makes others' share look larger, never smaller.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 from dataclasses import dataclass
@@ -40,6 +43,13 @@ class Load:
             f"other programs kept {self.others:.2f} cores busy on average over {self.wall:.0f} s "
             f"({word} the {limit:.2f} this run allows); this run used {self.own:.0f} CPU s"
         )
+
+
+def _rusage() -> float:
+    """CPU seconds of this process and of every descendant it (or they) waited for."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    waited = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + waited.ru_utime + waited.ru_stime
 
 
 def busy_seconds() -> float:
@@ -79,7 +89,7 @@ class LoadMeter:
     def __enter__(self) -> LoadMeter:
         self._sample()
         self._before = dict(self._seen)
-        self._busy, self._started = busy_seconds(), time.monotonic()
+        self._busy, self._rusage, self._started = busy_seconds(), _rusage(), time.monotonic()
         self._thread.start()
         return self
 
@@ -87,6 +97,7 @@ class LoadMeter:
         self._stop.set()
         self._thread.join()
         self._sample()
-        own = sum(used - self._before.get(key, 0.0) for key, used in self._seen.items())
+        sampled = sum(used - self._before.get(key, 0.0) for key, used in self._seen.items())
+        own = max(sampled, _rusage() - self._rusage)
         wall = time.monotonic() - self._started
         self.load = Load(wall=wall, busy=busy_seconds() - self._busy, own=own)
