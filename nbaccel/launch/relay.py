@@ -30,6 +30,10 @@ unterminated line is *the open line*, and the rules that keep the view readable 
 - Text without a newline and without ``\\r`` (``print(..., end="")``) still waits for its
   newline, as before: it is not a bar, and showing it early would print it twice.
 
+One line is dropped: DeepSpeed's note that it loaded its shared-memory op (``DeepSpeed
+<op> built successfully``), one per process at every start, whichever code started DeepSpeed
+(nbaccel's own start filters it too). It says nothing about the run.
+
 Bytes are decoded only where a segment is complete, so a UTF-8 character split across two
 reads never shows as U+FFFD. Each ``feed`` flushes what it wrote, so the cell sees updates
 as they come; tqdm already limits its redraws to about ten a second.
@@ -38,9 +42,13 @@ as they come; tqdm already limits its redraws to about ten a second.
 from __future__ import annotations
 
 import codecs
+import re
 import sys
 from collections.abc import Mapping
 from typing import Literal, TextIO
+
+#: DeepSpeed's line as each process loads a compiled op: noise at every start.
+BUILT = re.compile(r"DeepSpeed \S+ built successfully")
 
 
 def visible(data: bytes) -> bytes:
@@ -116,6 +124,8 @@ class Relay:
         """Print a whole line of ``fd``'s; it may end that rank's bar or overwrite another's."""
         rank, kind = self.pipes[fd]
         text = decode(visible(raw), final=True)
+        if BUILT.fullmatch(text.strip()):
+            return
         if b"\r" in raw and not text.strip():  # a bar cleared, then its newline
             if self.live == fd:
                 self._erase()

@@ -104,3 +104,18 @@ def test_under_nbaccels_accelerator_the_tracker_adds_nothing_twice():
     assert sorted(run.series("loss")) == [0, 1]
     assert run.series("loss")[0][0] == list(range(BATCHES))  # once per log call
     assert run.latest(SAMPLES) == {0: DATA * EPOCHS / 2, 1: DATA * EPOCHS / 2}
+
+
+def test_the_watch_hooks_the_torch_optimizer_however_deep_the_wrappers():
+    """Accelerate wraps torch's optimizer; under DeepSpeed that wrapper holds the engine's ZeRO
+    optimizer, which holds torch's in turn (and has no step hooks of its own)."""
+    from types import SimpleNamespace
+
+    from nbaccel.observe.hf.tracker import _torch_optimizer
+
+    adamw = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+    zero = SimpleNamespace(optimizer=adamw)  # no register_step_post_hook, like DeepSpeed's
+    accelerated = SimpleNamespace(optimizer=zero)
+    assert _torch_optimizer(accelerated) is adamw
+    assert _torch_optimizer(SimpleNamespace(optimizer=adamw)) is adamw
+    assert _torch_optimizer(adamw) is adamw

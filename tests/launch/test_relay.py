@@ -61,6 +61,15 @@ def test_whole_lines_wait_for_their_newline_and_carry_the_rank():
     assert err.getvalue() == ""
 
 
+def test_deepspeeds_op_built_line_is_dropped_and_only_it():
+    r, out, err = relay()
+    feed(r, OUT0, b"DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully\n")
+    feed(r, ERR1, b"DeepSpeed cpu_adam built successfully\n", b"my op built successfully\n")
+    feed(r, OUT1, b"DeepSpeed op built successfully, then failed\n")
+    assert out.getvalue() == "[rank 1] DeepSpeed op built successfully, then failed\n"
+    assert err.getvalue() == "[rank 1] my op built successfully\n"
+
+
 def test_a_bar_is_shown_as_it_comes_and_its_final_state_once():
     r, _, err = relay()
     feed(r, ERR0, b"\r  0%|     |")

@@ -124,7 +124,7 @@ def _watch(accelerator: Any, model: Any, optimizer: Any, dataloader: Any) -> Any
     # sample and step is counted once, not once per watch.
     if isinstance(dataloader, _Watched):
         dataloader = dataloader.loader
-    inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wraps torch's
+    inner = _torch_optimizer(optimizer)
     for hooked in (model, inner):
         for handle in _hooks.pop(hooked, ()):
             handle.remove()
@@ -149,6 +149,20 @@ def _watch(accelerator: Any, model: Any, optimizer: Any, dataloader: Any) -> Any
 
 
 _hooks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model, optimizer: a watch's
+
+
+def _torch_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside what ``prepare`` returned, the one that steps and takes a step
+    hook: Accelerate's wrapper holds it, and under DeepSpeed the wrapper holds the engine's ZeRO
+    optimizer, which holds it in turn and steps it inside the engine's step."""
+    inner = found = optimizer
+    seen = {id(inner)}
+    while id(getattr(inner, "optimizer", inner)) not in seen:  # a chain, never a loop
+        inner = inner.optimizer
+        seen.add(id(inner))
+        if hasattr(inner, "register_step_post_hook"):
+            found = inner  # the innermost: a wrapper's own hooks never run
+    return found
 
 
 class _Spans:
