@@ -92,19 +92,23 @@ def _blank(text: str) -> str:
 
 NUMBER = re.compile(r"(?<![\w.,])(\d[\d,]*(?:\.\d+)?)(?!\d)")
 APPROXIMATE = re.compile(
-    r"(?:\babout|\baround|\broughly|\bapproximately|\bnearly|\bnear|\bclose to|\balmost|≈|~)\s*$",
+    r"(?:\babout|\baround|\broughly|\bapproximately|\bnearly|\bnear|\bclose to|\balmost|≈|~"
+    r"|نحو|حوالي|قرابة|قرب)\s*$",
     re.I,
 )
 UNIT = re.compile(
     r"^\s*(?:%|(?:s|ms|µs|us|ns|seconds?|milliseconds?)\b|samples?/s|samples? per"
-    r"|[KMGT]i?B\b|[KMGT]b/s|GB/s|TFLOPS|cores? busy|busy\b|times (?:faster|slower|as))",
+    r"|[KMGT]i?B\b|[KMGT]b/s|GB/s|TFLOPS|cores? busy|busy\b|times (?:faster|slower|as)"
+    r"|ثانية|ثوانٍ|ثوان|مللي)",
     re.I,
 )
-MINUTES = re.compile(r"^(?:-|\s)minutes?\b|^\s*min\b", re.I)
+MINUTES = re.compile(r"^(?:-|\s)minutes?\b|^\s*min\b|^\s*(?:دقيقة|دقائق)", re.I)
 STRUCTURAL = re.compile(
     r"(?:§|\b(?:lessons?|sections?|cells?|exercises?|questions?|stages?|ranks?|parts?|chapters?|"
     r"figures?|tables?|lines?|versions?|steps?|epochs?|torch|python|pytorch|accelerate|"
-    r"deepspeed|pcie|nvlink|cuda|zero|gen|sm|level|option|item|point))"
+    r"deepspeed|pcie|nvlink|cuda|zero|gen|sm|level|option|item|point)"
+    r"|الدرس|الدروس|القسم|القسمين|الأقسام|الخلية|الخلايا|التمرين|التمارين|المرحلة|المراحل|الرتبة"
+    r"|السؤال|الخطوة|الحقبة)"
     r"(?:\s*(?:\d+|,|and|or|to|-|–))*\s*$",
     re.I,
 )

@@ -96,8 +96,9 @@ def record(readme: Path, machine: str, load, times: dict[str, float], day: str) 
     rows = dict(re.findall(r"^\| `(\S+)` \| (\d+) \|$", old.group(1), re.M)) if old else {}
     rows.update({name: f"{seconds:.0f}" for name, seconds in times.items()})
     table = "\n".join(f"| `{name}` | {rows[name]} |" for name in sorted(rows))
+    together = "every lesson" if set(times) >= set(rows) else ", ".join(sorted(times))
     block = (
-        f"{BEGIN}\nExecuted by `make lessons` on {day}, every lesson in one run, on\n\n"
+        f"{BEGIN}\nExecuted by `make lessons` on {day}, {together} in one run, on\n\n"
         f"    {machine}\n\nand {load.verdict()}.\n\n"
         f"| lesson | Run All, seconds |\n|---|---:|\n{table}\n{END}"
     )

@@ -124,10 +124,37 @@ def projection_markdown(results: dict) -> str:
     measured = ", ".join(
         f"{n} GPU{'s' * (n > 1)}: {s:,.0f} samples/s" for n, s in sorted(ref["measured"].items())
     )
+    from nbaccel.lab import projection
+
+    sources = {  # each preset's published bandwidth, with where it is published
+        "PCIe 4.0 x16": "https://pcisig.com/specifications",
+        "PCIe 5.0 x16": "https://pcisig.com/specifications",
+        "NVLink 3 (A100)": "https://www.nvidia.com/en-us/data-center/a100/",
+        "NVLink 4 (H100)": "https://www.nvidia.com/en-us/data-center/h100/",
+        "100 Gb Ethernet": "https://standards.ieee.org/ieee/802.3/10422/",
+        "InfiniBand NDR": "https://www.nvidia.com/en-us/networking/quantum2/",
+    }
+    published = ", ".join(
+        f"[{link.name}]({sources[link.name]}) {link.bandwidth / 1e9:g} GB/s"
+        if link.name in sources
+        else f"{link.name} {link.bandwidth / 1e9:g} GB/s"
+        for link in projection.PRESETS.values()
+    )
+    latencies = ", ".join(
+        f"{link.name} {link.latency * 1e6:g} us" for link in projection.PRESETS.values()
+    )
     lines = [
         f"**Measured on {ref['gpu']}** by `make gpu-check`, not on this machine: {ref['model']}; "
         f"one step {ref['compute_seconds'] * 1e3:.4f} ms, "
         f"{ref['gradient_bytes'] / 1e6:.3f} MB of gradients. Measured: {measured}.",
+        "",
+        "The projection's inputs: **measured** on that GPU: the step time (1 GPU); **counted**: "
+        f"the gradient bytes; **published**, one direction: each link's bandwidth ({published}); "
+        f"**assumed**, not measured: each link's latency per ring step ({latencies}; orders of "
+        "magnitude, see `nbaccel.lab.projection.model`), the backward pass as 2/3 of the step "
+        "(`projection.BACKWARD_SHARE`), and, in the first table, full overlap "
+        "(the limit of many small DDP buckets). A model whose gradients fit in one bucket "
+        "overlaps nothing: the table without overlap, where recorded, is that case.",
         "",
         "Projected from that step (samples/s, efficiency), with overlap:",
         "",
@@ -137,6 +164,16 @@ def projection_markdown(results: dict) -> str:
     for link, curve in points.items():
         cells = " | ".join(f"{p['samples_per_s']:,.0f}, {p['efficiency']:.2f}" for p in curve)
         lines.append(f"| {link} | {cells} |")
+    bare = results.get("projected_no_overlap")
+    if bare:
+        lines += ["", "Projected from the same step without overlap:", ""]
+        lines += [
+            "| link | " + " | ".join(f"{n} GPU{'s' * (n > 1)}" for n in workers) + " |",
+            "|---|" + "---:|" * len(workers),
+        ]
+        for link, curve in bare.items():
+            cells = " | ".join(f"{p['samples_per_s']:,.0f}, {p['efficiency']:.2f}" for p in curve)
+            lines.append(f"| {link} | {cells} |")
     return "\n".join(lines)
 
 
@@ -148,7 +185,10 @@ def projection_figure(results: dict, links=None):
     links = list(projection.PRESETS.values()) if links is None else links
     gpu = results["machine"]["gpu"]
     date = results["machine"].get("date")
-    title = f"points: measured on {gpu} ({date}); dashed: projections from its 1-GPU step"
+    title = (
+        f"points: measured on {gpu} ({date}); dashed: projections from its 1-GPU step, "
+        "full overlap and preset latencies assumed"
+    )
     fig = projection.figure(
         ref["compute_seconds"], ref["gradient_bytes"], ref["batch_size"], links,
         ref["measured"], title=title,

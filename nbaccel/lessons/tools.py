@@ -48,17 +48,23 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
     gradients and the optimizer (with DeepSpeed's wrapper) hold, each storage counted once:
 
     * ``parameters``: the weights this rank keeps (a shard under FSDP2 and ZeRO 3);
-    * ``gradients``: this rank's gradients (a shard under FSDP2 and ZeRO 2-3; ZeRO 1 keeps only
-      its partition once the window's gradients are reduced);
+    * ``gradients``: this rank's gradients (a shard under FSDP2 and ZeRO 3; ZeRO 1 keeps them
+      whole through a window, only its partition once they are reduced at the window's end;
+      ZeRO 2 keeps, after each micro-batch, every gradient tensor that reaches into its
+      partition, whole: above 2 bytes x its partition's elements by at most the tensors that
+      straddle the partition's two edges);
     * ``optimizer``: optimizer state plus DeepSpeed's float32 master weights;
     * ``other``: any other tensor DeepSpeed's optimizer wrapper holds directly.
 
     Call it after ``backward`` and before ``optimizer.step()`` on a step after the first, when
     gradients and optimizer state both exist. Under DeepSpeed, ``backward`` on a window's last
     micro-batch has already run the engine's step, which frees ZeRO 1-2's gradients: they
-    count 0 there (they exist only inside ``backward``). DDP's own gradient buckets live in
-    C++ and are not counted (with ``gradient_as_bucket_view=False``, PyTorch's default, they
-    are another copy of the gradients).
+    count 0 there. To measure them, accumulate (``gradient_accumulation_steps`` > 1) and call
+    it after the ``backward`` of a micro-batch before a window's last (lesson 6 does). Under
+    FSDP2, call it on a window's last micro-batch: inside ``no_sync`` FSDP2 accumulates
+    unsharded gradients in buffers of its own, which this does not see. DDP's own gradient
+    buckets live in C++ and are not counted (with ``gradient_as_bucket_view=False``, PyTorch's
+    default, they are another copy of the gradients).
     """
     seen: set[int] = set()
     sizes = {"parameters": 0, "gradients": 0, "optimizer": 0, "other": 0}

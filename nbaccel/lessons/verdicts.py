@@ -1,14 +1,15 @@
 """Verdicts a lesson prints beside its measurements, in words the measured values choose.
 
 A lesson's prose says what to look for; the cell that measures says what it saw. Here: a flag
-for two runs of one model whose per-rank throughputs disagree by more than the machine could
-explain, so a speed-up read from them is not taken for the model's.
+for two runs of one model whose per-rank throughputs disagree by more than sharing the cores
+explains, so a speed-up read from them is not taken for the model's before its cause is known
+(a spoiled run, or steps that are mostly communication).
 """
 
 from __future__ import annotations
 
 #: Two runs of one model whose per-rank throughputs differ by more than this factor are flagged:
-#: a second process on a shared core, or a first call's warm-up, does not explain it.
+#: splitting the same cores among more processes does not explain it.
 SPREAD_LIMIT = 3.0
 
 
@@ -41,9 +42,10 @@ def rate_spread(runs: dict[str, tuple[float | None, int]], limit: float = SPREAD
         line = (
             f"FLAGGED: per-rank throughput of one model differs {factor:.1f}x (more than "
             f"{limit:g}x) between {slow!r} ({per_rank[slow]:,.0f} samples/s a rank) and "
-            f"{fast!r} ({per_rank[fast]:,.0f}): the model does not explain that; the machine "
-            "was not the same for both (another program, a first call's warm-up). Read no "
-            f"speed-up from these runs{note}."
+            f"{fast!r} ({per_rank[fast]:,.0f}): more than sharing the cores explains. Either "
+            "the machine was not the same for both (another program, a first call's warm-up) "
+            "or communication takes most of each step of the slower one (its time breakdown "
+            f"says which); read no speed-up from this pair until you know which{note}."
         )
     else:
         line = (

@@ -250,13 +250,24 @@ def test_the_live_panel_has_no_arabic_text():
 
 
 def test_make_lessons_rebuilds_the_arabic_edition_of_the_lessons_it_ran(monkeypatch, tmp_path):
-    ran, built = [], []
-    monkeypatch.setattr(runner, "execute", ran.append)  # no kernels: only what gets rebuilt
+    from nbaccel.lessons import machine
+
+    ran, saved, built = [], [], []
+
+    def execute(path, write=True):  # no kernels: a notebook whose first output is the machine
+        ran.append(path)
+        cell = nbformat.v4.new_code_cell("print(machine())")
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"{machine()}\n")]
+        return nbformat.v4.new_notebook(cells=[cell])
+
+    monkeypatch.setattr(runner, "execute", execute)
+    monkeypatch.setattr(runner, "save", lambda notebook, path: saved.append(path))
     monkeypatch.setattr(edition, "build", lambda path: built.append(path) or path)
-    other = tmp_path / "not_a_lesson.ipynb"
-    flagship = runner.NOTEBOOKS / runner.FLAGSHIP
-    assert runner.main(["lessons", str(flagship), str(other)]) == 0
-    assert ran == [flagship, other] and built == [flagship.resolve()]
+    other = (tmp_path / "not_a_lesson.ipynb").resolve()
+    flagship = (runner.NOTEBOOKS / runner.FLAGSHIP).resolve()
+    assert runner.main(["lessons", "--no-load-check", str(flagship), str(other)]) == 0
+    assert ran == saved == [flagship, other] and built == [flagship]
     built.clear()
-    assert runner.main(["lessons", str(edition.ARABIC / runner.FLAGSHIP)]) == 0
+    arabic = str(edition.ARABIC / runner.FLAGSHIP)
+    assert runner.main(["lessons", "--no-load-check", arabic]) == 0
     assert built == []  # an Arabic notebook run by name keeps its own outputs

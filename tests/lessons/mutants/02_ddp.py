@@ -22,7 +22,7 @@ MUTANTS = [
         "_slow = train_single(EPOCHS, HIDDEN, LR / 2, batches)\n"
         "single, states = _slow, [_slow.state_dict()] * WORKERS",
         "both runs at half the learning rate (the loss divided by N on top of DDP's average):"
-        " the weights agree, the accuracy falls below the floor",
+        " the two agree with each other, not with one process at the lesson's learning rate",
     ),
     (
         "# Check: exercise 1 -- with unequal batches DDP's gradient is not one process's"

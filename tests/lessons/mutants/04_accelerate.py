@@ -43,8 +43,13 @@ MUTANTS = [
     ),
     (
         _HEADLINE,
-        "headline_gaps = {**headline_gaps, 'accumulate 2': 3e-3}",
+        "headline_gaps = {**headline_gaps, 'bf16, accumulate 2': 3e-3}",
         "Accelerate's accumulation window ended on other micro-batches than nbaccel's",
+    ),
+    (
+        _HEADLINE,
+        "headline_runs = {**headline_runs, ('bf16, accumulate 2', 'accelerate'): Run()}",
+        "Accelerate's side recorded nothing for the live panel (no LiveTracker in log_with)",
     ),
     (
         _FIXED,

@@ -5,10 +5,18 @@ MUTANTS = [
     (
         "# Check: each process holds, to within a few hundred bytes, what the formula with this"
         " setup's",
-        "runs = {**runs, 'ZeRO 1': [{**r, 'state': {**r['state'],"
-        " 'gradients': r['state']['parameters']}} for r in runs['ZeRO 1']]}",
-        "ZeRO 1 keeping its whole 16-bit gradients between steps: the paper's stage-1 value, 10 "
-        "bytes per parameter, not the 8 measured",
+        "runs = {**runs, 'ZeRO 1': [{**r, 'state': {**r['state'], 'gradients': 0}}"
+        " for r in runs['ZeRO 1']]}",
+        "ZeRO 1's bytes read after the engine's step, which freed its gradients: 8 bytes per "
+        "parameter, not the paper's 10",
+    ),
+    (
+        "# Check: ZeRO's stages, measured while their gradients exist, keep the paper's order on"
+        " every",
+        "runs = {**runs, **{s: [{**r, 'state': {**r['state'], 'gradients': 0}} for r in runs[s]]"
+        " for s in ('ZeRO 1', 'ZeRO 2')}}",
+        "stages 1 and 2 read after the engine's step (gradients freed): all three stages tie at "
+        "8 bytes per parameter",
     ),
     # wrong answers to the exercises
     (
