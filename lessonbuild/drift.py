@@ -27,6 +27,7 @@ skipped.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from dataclasses import dataclass
@@ -150,6 +151,7 @@ def number_findings(
     approximation, a ratio."""
     found = []
     formula = any(op in text for op in OPERATOR) or re.search(r"\d\(", text)
+    speed = SPEED.search(text)
     for match in NUMBER.finditer(text):
         token, start, end = match.group(1).rstrip(","), match.start(), match.end()
         before, after = text[:start], text[end:]
@@ -165,8 +167,7 @@ def number_findings(
         if formula and any(op in near for op in OPERATOR):
             continue
         value = _value(token)
-        sentence_speed = SPEED.search(text)
-        multiplier = re.match(r"\s*(?:times\b|[x×](?!\w))", after) and sentence_speed
+        multiplier = re.match(r"\s*(?:times\b|[x×](?!\w))", after) and speed
         measured = bool(APPROXIMATE.search(before) or multiplier)
         if cited:
             continue
@@ -186,7 +187,7 @@ def number_findings(
             found.append((token, "is not a constant of the code, a formula, or in an output"))
     if not cited:
         for match in MULTIPLIER.finditer(text):
-            if SPEED.search(text) and not match.group(0)[0].isdigit():
+            if speed and not match.group(0)[0].isdigit():
                 found.append((match.group(0), "is a measured ratio, stated in prose"))
         for match in FRACTION.finditer(text):
             if not formula and "`code`" not in text and RESOURCE.search(text):
@@ -228,7 +229,8 @@ def direction_findings(text: str, cited: bool) -> list[tuple[str, str]]:
 # --- a notebook -----------------------------------------------------------------------------------
 
 
-def _texts(cell) -> list[str]:
+def texts(cell) -> list[str]:
+    """A code cell's text outputs: streams, plain text and Markdown (not images or HTML)."""
     out = []
     for output in cell.get("outputs", []):
         data = output.get("data", {})
@@ -254,7 +256,7 @@ def findings(notebook) -> list[Finding]:
     constants = code_numbers([c.source for c in notebook.cells if c.cell_type == "code"])
     outputs: dict[int, list[str]] = {}
     for i, cell in enumerate(notebook.cells):
-        outputs.setdefault(owner[i], []).extend(_texts(cell))
+        outputs.setdefault(owner[i], []).extend(texts(cell))
     found = []
     for i, cell in enumerate(notebook.cells):
         if cell.cell_type != "markdown":
@@ -280,12 +282,13 @@ VERIFIED = re.compile(
 MODEL = re.compile(r"\b(?:model|projection|predict\w*|calibrat\w*)\b|نموذج|إسقاط", re.I)
 
 
-def lesson_outputs(lesson: str) -> list[str]:
+@functools.cache
+def lesson_outputs(lesson: str) -> tuple[str, ...]:
     import nbformat
 
     path = next(NOTEBOOKS.glob(f"{lesson}_*.ipynb"))
     notebook = nbformat.read(path, as_version=4)
-    return [t for cell in notebook.cells for t in _texts(cell)]
+    return tuple(t for cell in notebook.cells for t in texts(cell))
 
 
 def readme_findings(path: Path, outputs=lesson_outputs) -> list[Finding]:

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from . import edition
+from .drift import texts
 from .load import LIMIT_CORES, LoadMeter
 from .notebooks import NOTEBOOKS, WIDGET, clean, lessons
 
@@ -80,11 +81,9 @@ BEGIN, END = "<!-- make lessons -->", "<!-- /make lessons -->"
 def first_machine(notebook) -> str | None:
     """The machine line of the notebook's first text output (its ``SIZE`` cell prints it)."""
     for cell in notebook.cells:
-        for output in cell.get("outputs", []):
-            text = output.get("text") or output.get("data", {}).get("text/plain")
-            if text:
-                found = MACHINE.search(text)
-                return found.group(0) if found else None
+        for text in texts(cell):
+            found = MACHINE.search(text)
+            return found.group(0) if found else None
     return None
 
 

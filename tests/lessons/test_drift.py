@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lessonbuild import drift
+from lessonbuild import drift, runner
 from lessonbuild.drift import findings, readme_findings
 from nbaccel.lessons import rate_spread
 
@@ -147,24 +147,15 @@ def test_a_readme_claim_the_lesson_does_not_show_fails(tmp_path, claim):
 
 # --- one machine, panels that draw a rate, what the lessons promise to hide ---------------------
 
-MACHINE = re.compile(r"^(?:CPU|GPU): .*\(torch [^)]+\)$", re.M)
-
-
-def first_output(path: Path) -> str:
-    for cell in nbformat.read(path, as_version=4).cells:
-        for text in drift._texts(cell):
-            return text
-    return ""
-
 
 def test_every_lesson_records_the_one_machine_that_ran_them_all():
-    machines = {ids(p): MACHINE.findall(first_output(p)) for p in NOTEBOOKS}
-    assert all(len(found) == 1 for found in machines.values()), machines
-    assert len({found[0] for found in machines.values()}) == 1, machines
+    machines = {ids(p): runner.first_machine(nbformat.read(p, as_version=4)) for p in NOTEBOOKS}
+    assert None not in machines.values(), machines  # each first output names its machine
+    assert len(set(machines.values())) == 1, machines
     readme = (ROOT / "notebooks" / "README.md").read_text()
     block = drift.GENERATED.search(readme)
     assert block, "notebooks/README.md has no block that `make lessons` wrote"
-    assert next(iter(machines.values()))[0] in block.group(0)
+    assert next(iter(machines.values())) in block.group(0)
 
 
 WINDOW = re.compile(r"\(training window ([\d.]+) s\)")
@@ -175,7 +166,7 @@ def windows(path: Path) -> list[tuple[float, bool]]:
     found = []
     for cell in nbformat.read(path, as_version=4).cells:
         image = any("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
-        for text in drift._texts(cell):
+        for text in drift.texts(cell):
             found += [(float(w), image) for w in WINDOW.findall(text)]
     return found
 
@@ -191,7 +182,7 @@ def test_every_lesson_trains_once_long_enough_for_its_panel_to_draw_a_rate(path)
 def test_no_output_shows_deepspeeds_op_build_line(path):
     """nbaccel hides the line DeepSpeed prints as each process loads its shared-memory op."""
     for cell in nbformat.read(path, as_version=4).cells:
-        for text in drift._texts(cell):
+        for text in drift.texts(cell):
             assert "built successfully" not in text, text[:300]
 
 
