@@ -34,7 +34,8 @@ _EXPORTS = {
     "measure_scaling": "lab.scaling",
     "Recorder": "observe.rank_recorder",
     "Tracker": "observe.rank_recorder",  # Recorder's old name
-    "FSDPPlugin": "accelerator.strategies.fsdp",
+    "FSDPPlugin": "accelerator.strategies.fsdp_plugin",
+    "FullyShardedDataParallelPlugin": "accelerator.strategies.fsdp_plugin",
     "DeepSpeedPlugin": "accelerator.strategies.zero",
     "ProjectConfiguration": "accelerator.project",
     "GeneralTracker": "observe.trackers.general",
@@ -58,6 +59,7 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "DistributedType",
     "FSDPPlugin",
+    "FullyShardedDataParallelPlugin",
     "GeneralTracker",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
@@ -94,7 +96,7 @@ if TYPE_CHECKING:
     )
     from .accelerator.project import ProjectConfiguration
     from .accelerator.state import DistributedType, PartialState
-    from .accelerator.strategies.fsdp import FSDPPlugin
+    from .accelerator.strategies.fsdp_plugin import FSDPPlugin, FullyShardedDataParallelPlugin
     from .accelerator.strategies.zero import DeepSpeedPlugin
     from .accelerator.views import AcceleratorState, GradientState
     from .errors import CheckpointError, LaunchError, NbaccelError

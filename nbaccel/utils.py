@@ -9,6 +9,7 @@ module re-exports them, and holds what has no other home: ``send_to_device`` wit
 from __future__ import annotations
 
 import contextlib
+import importlib
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -49,9 +50,11 @@ __all__ = [
     "AutocastKwargs",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
@@ -72,6 +75,20 @@ __all__ = [
     "set_seed",
     "synchronize_rng_states",
 ]
+
+
+# The back ends' plugins, where HF Accelerate users import them from; imported when first
+# asked for, so that ``nbaccel.utils`` stays light (no strategy or DeepSpeed module with it)
+_PLUGINS = {
+    "DeepSpeedPlugin": ".accelerator.strategies.zero",
+    "FullyShardedDataParallelPlugin": ".accelerator.strategies.fsdp_plugin",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PLUGINS:
+        return getattr(importlib.import_module(_PLUGINS[name], __package__), name)
+    raise AttributeError(f"module 'nbaccel.utils' has no attribute {name!r}")
 
 
 def send_to_device(

@@ -5,10 +5,10 @@ every parameter, gradient and optimizer state whole on every rank; FSDP2 keeps `
 each rank and gathers a layer's parameters just before it runs. Through the Accelerator the loop
 does not change:
 
-    accelerator = Accelerator(fsdp_plugin=FSDPPlugin())
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
-This module is the whole back end: ``FSDPPlugin`` (the user's choices), the ``FSDP`` strategy
+This module is the back end: the ``FSDP`` strategy
 that fits ``fully_shard`` to the Accelerator, and the helpers below it. ``prepare`` shards the
 model, then points the optimizer at the sharded parameters (FSDP2 replaces them), so the
 optimizer may be created before ``prepare`` as usual; gradients are reduce-scattered, so
@@ -23,8 +23,7 @@ CPU, by handing each sharded module FSDP2's own default collectives wrapped in a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -35,26 +34,9 @@ from ..accumulation import AccumulationWindow
 from ..optim import AcceleratedOptimizer
 from ..state import DistributedType
 from .base import Strategy, trainable
+from .fsdp_plugin import FSDPPlugin, FullyShardedDataParallelPlugin
 
-
-@dataclass(frozen=True)
-class FSDPPlugin:
-    """How ``Accelerator(fsdp_plugin=...)`` shards models with FSDP2.
-
-    Args:
-        reshard_after_forward: free each unit's gathered parameters after its forward (less
-            memory, one more all-gather in backward), as ZeRO stage 3 does. ``False`` keeps
-            them until backward, like ZeRO stage 2.
-        cpu_offload: keep the sharded parameters, gradients and optimizer state in CPU memory
-            (the optimizer steps on the CPU). Useful on GPUs only.
-        shard: which submodules become their own shard unit (gathered and freed together);
-            default: every direct child that holds parameters. The whole model is always one
-            more unit, for what is left.
-    """
-
-    reshard_after_forward: bool = True
-    cpu_offload: bool = False
-    shard: Callable[[nn.Module], bool] | None = None
+__all__ = ["FSDP", "FSDPPlugin", "FullyShardedDataParallelPlugin"]
 
 
 class FSDP(Strategy):
@@ -199,12 +181,12 @@ def shard_model(
         options["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=param_dtype, reduce_dtype=torch.float32, output_dtype=torch.float32
         )
-    if plugin.cpu_offload:
-        options["offload_policy"] = CPUOffloadPolicy()
-    chosen = plugin.shard or (lambda m: any(True for _ in m.parameters()))
-    for child in list(model.children()):
-        if chosen(child):
-            fully_shard(child, **options)
+    if plugin.cpu_offload:  # True, or torch's own policy
+        offload = plugin.cpu_offload
+        custom = isinstance(offload, CPUOffloadPolicy)
+        options["offload_policy"] = offload if custom else CPUOffloadPolicy()
+    for unit in plugin.units(model):
+        fully_shard(unit, **options)
     fully_shard(model, **options)
     return model
 

@@ -64,14 +64,26 @@ class DeepSpeedPlugin:
         gradient_clipping: clip the global gradient norm to this inside the engine's step.
             Default: the config's, else no clipping (DeepSpeed's own default would be 1.0).
         config: more DeepSpeed settings, e.g. ``{"zero_optimization": {"overlap_comm": True}}``.
+        hf_ds_config: HF Accelerate's name for ``config`` (also an object holding the dict in
+            ``.config``, as transformers' ``HfDeepSpeedConfig`` does); give one of the two.
     """
 
     zero_stage: int | None = None
     offload_optimizer_device: str | None = None
     gradient_clipping: float | None = None
     config: Mapping[str, Any] | str | os.PathLike | None = field(default=None, repr=False)
+    hf_ds_config: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.hf_ds_config is not None:
+            if self.config is not None:
+                raise ValueError(
+                    "DeepSpeedPlugin got both config= and hf_ds_config= (HF Accelerate's name "
+                    "for the same thing): give the DeepSpeed config once."
+                )
+            given = self.hf_ds_config
+            given = given.config if isinstance(getattr(given, "config", None), dict) else given
+            object.__setattr__(self, "config", given)
         if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage!r} must be 0, 1, 2 or 3")
         if self.offload_optimizer_device not in (None, "none", "cpu"):

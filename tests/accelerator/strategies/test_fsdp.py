@@ -20,11 +20,20 @@ SHARD_ALL = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}
 
 
 def sharded_accelerator(strategy: str, steps: int = 1, mixed_precision="no") -> Accelerator:
-    """``"fsdp"``, ``"fsdp-keep"`` (no resharding after forward) or ``"zero1"``..``"zero3"``:
-    a name, so that it crosses to spawned ranks."""
-    from nbaccel import DeepSpeedPlugin
+    """``"fsdp"``, ``"fsdp-keep"`` (no resharding after forward), ``"fsdp-hf"`` (HF
+    Accelerate's plugin name and arguments, every Linear its own unit) or ``"zero1"``..
+    ``"zero3"``: a name, so that it crosses to spawned ranks."""
+    from nbaccel import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
     options = {"gradient_accumulation_steps": steps, "mixed_precision": mixed_precision}
+    if strategy == "fsdp-hf":
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=2,
+            auto_wrap_policy="transformer_based_wrap",
+            transformer_cls_names_to_wrap=["Linear"],
+            sharding_strategy="SHARD_GRAD_OP",
+        )
+        return Accelerator(fsdp_plugin=plugin, live=False, **options)
     if strategy.startswith("fsdp"):
         plugin = FSDPPlugin(reshard_after_forward=strategy == "fsdp")
         return Accelerator(fsdp_plugin=plugin, live=False, **options)
@@ -60,7 +69,7 @@ def sharded_against_one_process(strategy: str, steps: int, folder: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("strategy, steps", [("fsdp", 1), ("fsdp-keep", 2)])
+@pytest.mark.parametrize("strategy, steps", [("fsdp", 1), ("fsdp-keep", 2), ("fsdp-hf", 1)])
 def test_fsdp_matches_one_process_and_saves_a_plain_state_dict(tmp_path, strategy, steps):
     results = run_ranks(sharded_against_one_process, strategy, steps, str(tmp_path))
     for r in results:
