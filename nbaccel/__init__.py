@@ -34,8 +34,8 @@ _EXPORTS = {
     "measure_scaling": "lab.scaling",
     "Recorder": "observe.rank_recorder",
     "Tracker": "observe.rank_recorder",  # Recorder's old name
-    "FSDPPlugin": "accelerator.strategies.fsdp_plugin",
-    "FullyShardedDataParallelPlugin": "accelerator.strategies.fsdp_plugin",
+    "FSDPPlugin": "accelerator.strategies.fully_sharded",
+    "FullyShardedDataParallelPlugin": "accelerator.strategies.fully_sharded",
     "DeepSpeedPlugin": "accelerator.strategies.zero",
     "ProjectConfiguration": "accelerator.project",
     "GeneralTracker": "observe.trackers.general",
@@ -96,7 +96,7 @@ if TYPE_CHECKING:
     )
     from .accelerator.project import ProjectConfiguration
     from .accelerator.state import DistributedType, PartialState
-    from .accelerator.strategies.fsdp_plugin import FSDPPlugin, FullyShardedDataParallelPlugin
+    from .accelerator.strategies.fully_sharded import FSDPPlugin, FullyShardedDataParallelPlugin
     from .accelerator.strategies.zero import DeepSpeedPlugin
     from .accelerator.views import AcceleratorState, GradientState
     from .errors import CheckpointError, LaunchError, NbaccelError

@@ -50,11 +50,11 @@ __all__ = [
     "AutocastKwargs",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
-    "DeepSpeedPlugin",
+    "DeepSpeedPlugin",  # noqa: F822  (imported when asked for: __getattr__ below)
     "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
-    "FullyShardedDataParallelPlugin",
+    "FullyShardedDataParallelPlugin",  # noqa: F822
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
@@ -81,7 +81,7 @@ __all__ = [
 # asked for, so that ``nbaccel.utils`` stays light (no strategy or DeepSpeed module with it)
 _PLUGINS = {
     "DeepSpeedPlugin": ".accelerator.strategies.zero",
-    "FullyShardedDataParallelPlugin": ".accelerator.strategies.fsdp_plugin",
+    "FullyShardedDataParallelPlugin": ".accelerator.strategies.fully_sharded",
 }
 
 

@@ -34,7 +34,7 @@ from ..accumulation import AccumulationWindow
 from ..optim import AcceleratedOptimizer
 from ..state import DistributedType
 from .base import Strategy, trainable
-from .fsdp_plugin import FSDPPlugin, FullyShardedDataParallelPlugin
+from .fully_sharded import FSDPPlugin, FullyShardedDataParallelPlugin
 
 __all__ = ["FSDP", "FSDPPlugin", "FullyShardedDataParallelPlugin"]
 
