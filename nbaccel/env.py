@@ -102,12 +102,15 @@ def accelerate_defaults(
     """The launch's choices in Hugging Face Accelerate's own variables, so that a worker that
     builds Accelerate's ``Accelerator`` (code ported by one import) makes the same ones: without
     ``ACCELERATE_USE_CPU``, Accelerate's Accelerator in each of several CPU workers believes it
-    is alone (``DistributedType.NO``) and trains its own copy. A value the user set (in
+    is alone (``DistributedType.NO``) and trains its own copy. DeepSpeed's device is named too
+    (``DS_ACCELERATOR=cpu``), since Accelerate imports DeepSpeed where it is installed, and
+    DeepSpeed, left to guess, warns on every rank that it found no GPU. A value the user set (in
     ``environ``, default ``os.environ``) is kept."""
     environ = os.environ if environ is None else environ
     chosen = {}
     if not gpus:
         chosen["ACCELERATE_USE_CPU"] = environ.get("ACCELERATE_USE_CPU", "1")
+        chosen["DS_ACCELERATOR"] = environ.get("DS_ACCELERATOR", "cpu")
     if mixed_precision != "no":
         chosen["ACCELERATE_MIXED_PRECISION"] = mixed_precision
     return chosen

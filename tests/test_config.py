@@ -116,6 +116,10 @@ def test_the_workers_environment_keeps_the_users_own_choices():
     assert chosen["OMP_NUM_THREADS"] == "3" and chosen["ACCELERATE_USE_CPU"] == "0"
     assert chosen[MIXED_PRECISION_VAR] == chosen["ACCELERATE_MIXED_PRECISION"] == "bf16"
     assert chosen[CPU_VAR] == "0" and chosen[FSDP_VAR] == "0" and chosen[DEEPSPEED_VAR] == ""
+    # on CPUs DeepSpeed (which HF Accelerate imports) is told its device instead of guessing
+    cpu = resolve(num_processes=2, cpu=True)
+    assert cpu.to_environ({})["DS_ACCELERATOR"] == "cpu"
+    assert cpu.to_environ({"DS_ACCELERATOR": "mine"})["DS_ACCELERATOR"] == "mine"
 
 
 @pytest.mark.parametrize(
