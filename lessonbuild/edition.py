@@ -17,8 +17,8 @@ they are (source, metadata, outputs), Markdown cells replaced by their translati
 changes, its hash no longer matches and the build stops, naming the cell, so a change to a
 lesson reaches both editions.
 
-    python -m lessonbuild.edition build            # every lesson with a translation
-    python -m lessonbuild.edition check            # what is missing or out of date
+    python -m lessonbuild.edition build [LESSON]   # every lesson with a translation, or one
+    python -m lessonbuild.edition check [LESSON]   # what is missing or out of date
     python -m lessonbuild.edition skeleton LESSON  # a translation file to fill in
     python -m lessonbuild.edition renumber LESSON  # markers follow cells added above
 """
@@ -34,6 +34,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import exercises
 from .notebooks import NOTEBOOKS, clean, lessons
 
 ARABIC = NOTEBOOKS / "ar"
@@ -63,13 +64,39 @@ OPERATOR = re.compile(r"[+−×÷/=^<>≤≥≈·]| - |\bmod\b|\d\(")
 
 
 def _isolate_formulas(prose: str) -> str:
-    def wrap(match: re.Match) -> str:
-        span = match[0]
-        if not OPERATOR.search(span) or span.count("(") != span.count(")"):
+    def wrap(span: str) -> str:
+        if span.count("(") != span.count(")"):  # a parenthesis that opens or closes outside:
+            inner = _unmatched(span)  # isolate the balanced pieces around it, e.g. "(2 + 2"
+            if inner is not None:
+                return "".join(
+                    wrap(piece) if i % 2 == 0 else piece for i, piece in enumerate(inner)
+                )
+            return span
+        if not OPERATOR.search(span):
             return span
         return f"{LRI}{span}{PDI}"
 
-    return FORMULA.sub(wrap, prose)
+    return FORMULA.sub(lambda match: wrap(match[0]), prose)
+
+
+def _unmatched(span: str) -> list[str] | None:
+    """``span`` cut around its first unmatched parenthesis: [before, the parenthesis and the
+    spaces beside it, after]; None when every parenthesis is matched."""
+    opened: list[int] = []
+    for i, char in enumerate(span):
+        if char == "(":
+            opened.append(i)
+        elif char == ")":
+            if not opened:
+                return _cut(span, i)
+            opened.pop()
+    return _cut(span, opened[0]) if opened else None
+
+
+def _cut(span: str, at: int) -> list[str]:
+    before, after = span[:at], span[at + 1 :]
+    left, right = before.rstrip(), after.lstrip()
+    return [left, before[len(left) :] + span[at] + after[: len(after) - len(right)], right]
 
 
 def left_to_right_spans(text: str) -> str:
@@ -238,6 +265,13 @@ def translate(english, sections: list[Section], name: str):
                 )
             elif not section.text:
                 problems.append(f"cell {index}: the translation is empty")
+            elif exercises.tagged(cell, exercises.SOLUTION) and exercises.FENCE.findall(
+                section.text
+            ) != exercises.FENCE.findall(cell.source):
+                problems.append(
+                    f"cell {index}: a solution's code must be the English one, byte for byte "
+                    "(translate the words around its ```python fence only)"
+                )
             elif wrong := wording(section.text, terms) + formula_in_pieces(section.text):
                 problems += [f"cell {index}: {w}" for w in wrong]
             else:
@@ -334,8 +368,12 @@ def renumber(lesson: Path, folder: Path = ARABIC) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lessonbuild.edition")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="write notebooks/ar/ from the English lessons and text/")
-    sub.add_parser("check", help="list translations missing or out of date")
+    for name, says in (
+        ("build", "write notebooks/ar/ from the English lessons and text/"),
+        ("check", "list translations missing or out of date"),
+    ):
+        command = sub.add_parser(name, help=says)
+        command.add_argument("lessons", nargs="*", help="e.g. 04_accelerate (default: all)")
     make = sub.add_parser("skeleton", help="print a translation file to fill in")
     make.add_argument("lesson", help="e.g. 04_accelerate")
     move = sub.add_parser("renumber", help="move markers to where their English cells now are")
@@ -349,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         print(skeleton(NOTEBOOKS / f"{Path(args.lesson).stem}.ipynb"), end="")
         return 0
     failed = 0
-    for lesson in lessons():
+    chosen = {Path(name).stem for name in args.lessons}
+    for lesson in [p for p in lessons() if not chosen or p.stem in chosen]:
         if not (TEXT / f"{lesson.stem}.md").exists():
             print(f"{lesson.name}: no translation (text/{lesson.stem}.md)")
             failed += args.command == "check"

@@ -12,7 +12,8 @@ run and their translations: the same code cells with the same outputs (``edition
 ``lessons`` runs every lesson before it writes any, and writes them only when other programs
 left the machine alone meanwhile (``load``: at most ``LIMIT_CORES`` of a core on average, read
 from ``/proc/stat`` against this run's own processes) and every lesson's first output names the
-machine this run is on. It then records that machine, the load and each lesson's Run All time
+machine this run is on. It then records that machine, the load and each lesson's times (its
+core's cells, before "Going further", and its Run All, which stops at the first exercise)
 in ``notebooks/README.md``, between ``<!-- make lessons -->`` markers.
 """
 
@@ -26,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import edition
+from . import edition, exercises
 from .drift import texts
 from .load import LIMIT_CORES, LoadMeter
 from .notebooks import NOTEBOOKS, WIDGET, clean, lessons
@@ -43,14 +44,24 @@ def execute(
     timeout: int = 600,
     kernel_name: str = "python3",
     write: bool = True,
+    core: dict[str, float] | None = None,
 ):
-    """Run every cell of ``source`` in a fresh kernel (default: python3, this interpreter);
-    write the result to ``dest`` (default: in place) unless ``write`` is false. Raises
-    nbclient's CellExecutionError naming the failing cell."""
+    """Run the cells of ``source`` up to its first exercise in a fresh kernel (default:
+    python3, this interpreter), as Run All does; the exercises stay unexecuted. Write the
+    result to ``dest`` (default: in place) unless ``write`` is false; put the seconds its core
+    took in ``core`` under the notebook's name. Raises nbclient's CellExecutionError naming
+    the failing cell."""
     import nbformat
     from nbclient import NotebookClient
 
     notebook = nbformat.read(source, as_version=4)
+    stop = exercises.first_exercise(notebook)
+    stop = len(notebook.cells) if stop is None else stop
+    rest = notebook.cells[stop:]
+    for cell in rest:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    notebook.cells = notebook.cells[:stop]
     client = NotebookClient(
         notebook,
         timeout=timeout,
@@ -58,10 +69,31 @@ def execute(
         resources={"metadata": {"path": str(source.parent)}},
     )
     client.execute()
+    notebook.cells += rest
+    if core is not None:
+        core[source.name] = core_seconds(notebook)
     clean(notebook)
     if write:
         save(notebook, dest or source)
     return notebook
+
+
+def core_seconds(notebook) -> float | None:
+    """The seconds the cells before "Going further" took, from nbclient's timestamps of each
+    cell's execution (read before ``clean`` drops them); None without that heading."""
+    from datetime import datetime
+
+    end = exercises.going_further(notebook)
+    if end is None:
+        return None
+    total = 0.0
+    for cell in notebook.cells[:end]:
+        stamps = cell.metadata.get("execution", {})
+        if "iopub.execute_input" in stamps and "shell.execute_reply" in stamps:
+            started = datetime.fromisoformat(stamps["iopub.execute_input"].replace("Z", "+00:00"))
+            ended = datetime.fromisoformat(stamps["shell.execute_reply"].replace("Z", "+00:00"))
+            total += (ended - started).total_seconds()
+    return total
 
 
 def save(notebook, dest: Path) -> None:
@@ -87,19 +119,28 @@ def first_machine(notebook) -> str | None:
     return None
 
 
-def record(readme: Path, machine: str, load, times: dict[str, float], day: str) -> None:
-    """Put this run's machine, load and Run All times in ``readme``'s generated block (rows of
-    lessons not run this time are kept)."""
+def record(
+    readme: Path, machine: str, load, times: dict[str, float], day: str, core: dict | None = None
+) -> None:
+    """Put this run's machine, load, and each lesson's core and Run All times in ``readme``'s
+    generated block (rows of lessons not run this time are kept)."""
+    core = core or {}
     text = readme.read_text()
     old = re.search(re.escape(BEGIN) + r"(.*?)" + re.escape(END), text, re.S)
-    rows = dict(re.findall(r"^\| `(\S+)` \| (\d+) \|$", old.group(1), re.M)) if old else {}
-    rows.update({name: f"{seconds:.0f}" for name, seconds in times.items()})
-    table = "\n".join(f"| `{name}` | {rows[name]} |" for name in sorted(rows))
+    rows = {}
+    for name, *cells in re.findall(
+        r"^\| `(\S+)` \|(?: (\S+) \|)? (\d+) \|$", old[1] if old else "", re.M
+    ):
+        rows[name] = (cells[0] or "-", cells[1])
+    for name, seconds in times.items():
+        rows[name] = ("-" if core.get(name) is None else f"{core[name]:.0f}", f"{seconds:.0f}")
+    table = "\n".join(f"| `{name}` | {rows[name][0]} | {rows[name][1]} |" for name in sorted(rows))
     together = "every lesson" if set(times) >= set(rows) else ", ".join(sorted(times))
     block = (
         f"{BEGIN}\nExecuted by `make lessons` on {day}, {together} in one run, on\n\n"
         f"    {machine}\n\nand {load.verdict()}.\n\n"
-        f"| lesson | Run All, seconds |\n|---|---:|\n{table}\n{END}"
+        "| lesson | core, seconds | Run All, seconds |\n|---|---:|---:|\n"
+        f"{table}\n{END}"
     )
     text = text.replace(old.group(0), block) if old else f"{text.rstrip()}\n\n{block}\n"
     partial = readme.with_name(f".{readme.name}.partial")
@@ -115,14 +156,16 @@ def run_lessons(
     from nbaccel.lessons import machine
 
     here = machine()
-    ran, times = {}, {}
+    ran, times, core = {}, {}, {}
     with LoadMeter() as meter:
         for path in paths:
             started = time.perf_counter()
             print(f"{path}: running ...", flush=True)
-            ran[path] = execute(path, write=False)
+            ran[path] = execute(path, write=False, core=core)
             times[path.name] = time.perf_counter() - started
-            print(f"{path}: done in {times[path.name]:.0f} s", flush=True)
+            seconds = core.get(path.name)
+            its_core = "" if seconds is None else f" (its core: {seconds:.0f} s)"
+            print(f"{path}: done in {times[path.name]:.0f} s{its_core}", flush=True)
     load = meter.load
     print(load.verdict(), flush=True)
     if check_load and load.others > LIMIT_CORES:
@@ -149,7 +192,7 @@ def run_lessons(
     for path in sorted(set(edition.translated()) & {p.resolve() for p in ran}):
         print(f"{path.name}: Arabic edition -> {edition.build(path)}", flush=True)
     if readme is not None and check_load:
-        record(readme, here, load, times, time.strftime("%Y-%m-%d"))
+        record(readme, here, load, times, time.strftime("%Y-%m-%d"), core)
     return 0
 
 

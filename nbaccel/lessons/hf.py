@@ -56,8 +56,11 @@ def answer_accelerate_config(
     """
     try:
         import pexpect
-    except ImportError as err:  # IPython installs it on Linux and macOS
-        raise ImportError(f"{sys.executable} -m pip install pexpect") from err
+    except ImportError as err:
+        raise ImportError(
+            "answering accelerate config needs pexpect (IPython installs it on Linux and "
+            "macOS): %pip install pexpect in the notebook"
+        ) from err
     command = ["-m", "accelerate.commands.accelerate_cli", "config", "--config_file"]
     child = pexpect.spawn(
         sys.executable,
@@ -82,7 +85,12 @@ def answer_accelerate_config(
                 child.sendline(reply)
                 _expect(child, [re.escape(reply) + r"\r?\n"], f"{reply!r} shown", pexpect)
             asked.append((shown, reply))
-        _expect(child, ["accelerate configuration saved at"], "the end", pexpect)
+        saved = "accelerate configuration saved at"
+        if _expect(child, [re.escape(saved), ANY_QUESTION], "the end", pexpect) == 1:
+            raise ConfigAnswerError(
+                f"accelerate config asked {_last_question(child)!r} after the last answer: "
+                "add its answer at the end"
+            )
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
@@ -103,8 +111,10 @@ def _expect(child: Any, patterns: list[str], waiting_for: str, pexpect: Any) -> 
 
 
 def _last_line(text: str) -> str:
-    lines = [ANSI.sub("", line).strip() for line in text.replace("\r", "\n").split("\n")]
-    return next((line for line in reversed(lines) if line and not line.startswith("-")), "")
+    lines = [
+        ANSI.sub("", line).lstrip("-").strip() for line in text.replace("\r", "\n").split("\n")
+    ]
+    return next((line for line in reversed(lines) if line), "")
 
 
 def _last_question(child: Any) -> str:
@@ -151,11 +161,12 @@ def preload_for_notebook_launcher() -> None:
     * DeepSpeed, when installed and no GPU is: Accelerate 1.15's ``unwrap_model`` imports it to
       recognise a DeepSpeed engine, and DeepSpeed 0.19, finding no GPU on import, warns on every
       process ("Setting accelerator to CPU..."). Its own variable ``DS_ACCELERATOR=cpu`` names
-      the device instead. With a GPU nothing of DeepSpeed's is imported here: the kernel must
-      not touch CUDA before Accelerate forks it.
+      the device instead (and DeepSpeed's import sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1``).
+      With a GPU nothing of DeepSpeed's is imported here: the kernel must not touch CUDA
+      before Accelerate forks it.
     """
     import torch
-    import torch._dynamo  # noqa: F401
+    import torch._dynamo
 
     if torch.cuda.device_count() == 0 and importlib.util.find_spec("deepspeed") is not None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")

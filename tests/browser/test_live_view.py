@@ -31,7 +31,7 @@ LAUNCH_CELL = "two = notebook_launcher("  # the first launch: its live panel mus
 # The panel's first three redraws come one a second after a second of data: training must last
 # over 3 s. The lesson's headline launch trains 3 * EPOCHS for its own panel's rate curve (about
 # 8 s on 2 idle cores), so the copy under test runs it as it is; WATCHED is what that relies on.
-WATCHED = 'kwargs={"epochs": 3 * EPOCHS, "save_to": "scratch/digits-mlp.pt"}'
+WATCHED = 'kwargs={"epochs": 3 * EPOCHS, "library": "nbaccel"}'
 LONGER = WATCHED
 PROGRESS = re.compile(r"step (\d+)/(\d+)")  # the progress line: steps done of the total
 READ_CELL = """cell => [cell.querySelector('.jp-InputPrompt').textContent,

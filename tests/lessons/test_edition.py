@@ -25,6 +25,30 @@ GLOSSARY = {  # the course's own terms (issues 8, 33), each listed in notebooks/
     "تغليف DDP": "DDP wrapping",
     "التكامل مع DeepSpeed": "DeepSpeed integration",
 }
+# Every term the course's Accelerate lesson uses (its own spelling), which the edition must
+# use too: where the glossary prefers another word, ours stands beside the course's.
+COURSE = [
+    "التدريب غير المعتمد على الجهاز",
+    "تراكم التدرجات",
+    "الدقة المختلطة",
+    "التدريب بالدقة المختلطة",
+    "تحجيم التدرجات",
+    "محمّل البيانات",
+    "محمّل البيانات المُجهّز",
+    "المُحسّن",
+    "الانتشار العكسي الموزّع والمختلط الدقة",
+    "نقل الجهاز",
+    "تغليف DDP",
+    "أخذ العينات الموزع",
+    "التعليمات المتكررة",
+    "العمليات",
+    "وحدة GPU واحدة",
+    "عدة وحدات GPU",
+    "وحدة المعالجة المركزية في حاسوبكم",
+    "دفعات",
+    "إطلاق التشغيل عبر أجهزة متعددة",
+    "التكامل مع DeepSpeed",
+]
 ARABIC_LETTER = re.compile(r"[\u0600-\u06FF]")
 
 
@@ -191,9 +215,33 @@ def test_the_glossary_lists_the_course_terms_with_their_english():
 def test_the_glossary_never_rules_out_a_word_of_the_course():
     """Where we prefer another word we write it beside the course's, never instead of it."""
     ruled_out = [variant for term in edition.glossary() for variant in term.avoid]
-    words = [*GLOSSARY, "الدقة المختلطة", "محمّل البيانات المُجهّز", "العمليات", "دفعات"]
+    words = [*GLOSSARY, *COURSE, "الكود"]
     assert not [(w, v) for w in words for v in ruled_out if v in w]  # the word would trip it
     assert edition.wording("التدريب غير المعتمد على الجهاز (المستقل عنه)", edition.glossary()) == []
+
+
+def test_every_term_of_the_course_appears_in_the_arabic_edition():
+    shown = "\n".join(
+        cell.source.replace(edition.LRI, "").replace(edition.PDI, "")
+        for english in LESSONS
+        for cell in read(edition.ARABIC / english.name).cells
+        if cell.cell_type == "markdown"
+    )
+    missing = [term for term in COURSE if term not in shown]
+    assert not missing, f"the course's terms the Arabic lessons never use: {missing}"
+
+
+@pytest.mark.parametrize(
+    "written, isolated",
+    [  # formulas that open or close a parenthesis outside themselves (issue 60's four)
+        ("الرتبة r−1 (mod N، أي", "الرتبة ⁦r−1⁩ (⁦mod N⁩، أي"),
+        ("بـ 16 بت (2 + 2 بايت)، و", "بـ 16 بت (⁦2 + 2⁩ بايت)، و"),
+        ("المُحسّن (KΨ / N لكل عملية)", "المُحسّن (⁦KΨ / N⁩ لكل عملية)"),
+        ("مختلطة، K = 12) والصيغة", "مختلطة، ⁦K = 12⁩) والصيغة"),
+    ],
+)
+def test_a_formula_beside_an_unmatched_parenthesis_is_isolated_too(written, isolated):
+    assert edition._isolate_formulas(written) == isolated
 
 
 def test_one_word_one_meaning_for_the_terms_that_clashed():
@@ -202,6 +250,9 @@ def test_one_word_one_meaning_for_the_terms_that_clashed():
     assert "«مُفسِّر الدفتر»" in problem
     (problem,) = edition.wording("يضاعف معامل التحجيم", terms)
     assert "«عامل التحجيم»" in problem
+    (problem,) = edition.wording("تبدأ العمال الآن", terms)
+    assert "العمليات العاملة»" in problem
+    assert edition.wording("الكود هنا، والأعمال والاستعمال", terms) == []
     (problem,) = edition.wording("في جولة التدريب الثانية", terms)
     assert "«التشغيل، الجولة»" in problem
 
@@ -254,7 +305,9 @@ def test_make_lessons_rebuilds_the_arabic_edition_of_the_lessons_it_ran(monkeypa
 
     ran, saved, built = [], [], []
 
-    def execute(path, write=True):  # no kernels: a notebook whose first output is the machine
+    def execute(
+        path, write=True, core=None
+    ):  # no kernels: a notebook whose first output is the machine
         ran.append(path)
         cell = nbformat.v4.new_code_cell("print(machine())")
         cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"{machine()}\n")]
@@ -271,3 +324,18 @@ def test_make_lessons_rebuilds_the_arabic_edition_of_the_lessons_it_ran(monkeypa
     arabic = str(edition.ARABIC / runner.FLAGSHIP)
     assert runner.main(["lessons", "--no-load-check", arabic]) == 0
     assert built == []  # an Arabic notebook run by name keeps its own outputs
+
+
+@pytest.mark.parametrize("english", LESSONS, ids=lambda p: p.stem)
+def test_a_solutions_code_is_the_english_one(english):
+    """A solution lives in Markdown (lessonbuild.exercises): its translation changes the words
+    around the code, never the code the exercise test runs."""
+    from lessonbuild import exercises
+
+    source, arabic = read(english), read(edition.ARABIC / english.name)
+    for mine, theirs in zip(source.cells, arabic.cells, strict=True):
+        if mine.cell_type == "markdown" and exercises.tagged(mine, exercises.SOLUTION):
+            shown = theirs.source.replace(edition.LRI, "").replace(edition.PDI, "")
+            assert exercises.FENCE.findall(shown) == exercises.FENCE.findall(mine.source), (
+                f"{english.name}: the Arabic solution's code differs from the English:\n{shown}"
+            )

@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lessonbuild import runner
+from lessonbuild import exercises, runner
 from lessonbuild.notebooks import clean
 
 LESSONS = runner.lessons()
@@ -45,32 +45,73 @@ def test_a_lesson_follows_the_conventions(path):
     assert "**Goals.**" in first.source and "**Time:**" in first.source
     assert code(notebook)[0].source.startswith('SIZE = "small"')
     assert any(c.source.startswith("# Check:") for c in code(notebook)), "no check cell"
-    solutions = [c for c in code(notebook) if c.source.startswith("# Solution")]
-    assert solutions, "exercises need solutions"
-    for cell in solutions:
-        assert "solution" in cell.metadata.get("tags", [])
-        assert cell.metadata.get("jupyter", {}).get("source_hidden") is True
-    assert any(c.source.startswith("## Exercises") for c in notebook.cells)
+    further = exercises.going_further(notebook)
+    assert further is not None, f"no Markdown cell opens with {exercises.GOING_FURTHER!r}"
+    headings = [i for i, c in enumerate(notebook.cells) if c.source.startswith("## Exercises")]
+    assert len(headings) == 1 and headings[0] > further, "one '## Exercises' after Going further"
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
-def test_an_exercise_is_its_solution_then_the_learners_cell_then_its_check(path):
-    """The learner's cell comes after the hidden solution, so what the learner writes replaces
-    the solution and the check judges it; as shipped it holds only comments, and the solution
-    holds no assertion (the check does). tests/lessons/test_exercises.py runs them."""
-    cells = code(nbformat.read(path, as_version=4))
-    for i, cell in enumerate(cells):
-        if "solution" not in cell.metadata.get("tags", []):
-            continue
-        first = cell.source.splitlines()[0]
-        assert i + 2 < len(cells), f"{first!r}: no learner cell and check after it"
-        learner, check = cells[i + 1], cells[i + 2]
-        lines = [ln.strip() for ln in learner.source.splitlines() if ln.strip()]
-        assert lines and all(ln.startswith("#") for ln in lines), (
-            f"after {first!r}: the learner's cell must hold only comments, found {learner.source!r}"
+def test_exercises_come_last_and_no_code_cell_holds_a_solution(path):
+    """Run All runs the whole lesson, then stops at the first exercise: its learner's cell
+    (tag ``exercise``) ships as comments and ``raise NotImplementedError()``; the check follows;
+    the solution is a collapsed Markdown block with one ```python fence, never a code cell.
+    tests/lessons/test_exercises.py runs the checks."""
+    notebook = nbformat.read(path, as_version=4)
+    cells = notebook.cells
+    found = exercises.exercises(notebook)
+    assert found, "no exercise (a code cell tagged 'exercise')"
+    exercises_at = next(i for i, c in enumerate(cells) if c.source.startswith("## Exercises"))
+    assert found[0].learner > exercises_at, "an exercise before the '## Exercises' heading"
+    assert not any(
+        c.cell_type == "code"
+        and not exercises.tagged(c, exercises.EXERCISE)
+        and not exercises.is_check(c)
+        for c in cells[found[0].learner :]
+    ), "after the first exercise come only exercises, their checks and Markdown"
+    for cell in cells:
+        if cell.cell_type == "code":
+            assert not exercises.tagged(cell, exercises.SOLUTION), "a code cell tagged solution"
+            assert not cell.source.startswith("# Solution"), "a solution as a code cell"
+    for exercise in found:
+        learner = cells[exercise.learner].source
+        lines = [ln.strip() for ln in learner.splitlines() if ln.strip()]
+        assert lines[-1] == exercises.SHIPPED and all(ln.startswith("#") for ln in lines[:-1]), (
+            f"a learner's cell ships as comments, then {exercises.SHIPPED}: {learner!r}"
         )
-        assert check.source.startswith("# Check:"), f"after {first!r}: no check after the learner"
-        assert not re.search(r"^\s*assert\b", cell.source, re.M), f"{first!r} asserts itself"
+        assert len(lines) > 1, "the learner's cell says, in a comment, what to define"
+        assert cells[exercise.check].source.startswith("# Check: exercise"), exercise.first_line
+        if exercise.solution is not None:  # else tests/lessons/mutants holds it (a quiz)
+            solution = cells[exercise.solution].source
+            assert solution.lstrip().startswith("<details>") and "</details>" in solution
+            assert exercise.solution_source(notebook), "a solution holds one ```python fence"
+            assert not re.search(r"^\s*assert\b", exercise.solution_source(notebook), re.M)
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_the_core_has_at_most_1200_words_in_both_editions(path):
+    english = nbformat.read(path, as_version=4)
+    end = exercises.going_further(english)
+    assert end is not None
+    for edition in (path, runner.NOTEBOOKS / "ar" / path.name):
+        words = exercises.core_words(nbformat.read(edition, as_version=4), end)
+        assert words <= exercises.CORE_WORDS, (
+            f"{edition.relative_to(runner.NOTEBOOKS)}: the core (before "
+            f"{exercises.GOING_FURTHER!r}) has {words} words of prose, over {exercises.CORE_WORDS}"
+        )
+
+
+def test_words_leave_out_code_fences_and_tags_and_core_ends_at_going_further():
+    assert exercises.words("one `two` <b>three</b>\n```python\nx = 1\n```\nfour") == 4
+    notebook = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell("# Lesson 9\n\nfive words are here now"),
+            nbformat.v4.new_code_cell("x = 1  # not prose"),
+            nbformat.v4.new_markdown_cell("## Going further\n\nnot counted"),
+        ]
+    )
+    assert exercises.core_words(notebook) == 8
+    assert exercises.core_words(notebook, end=1) == 8
 
 
 # What no output may name, whatever machine ran the lesson: a home folder, a virtual
@@ -128,7 +169,12 @@ def test_the_machine_path_pattern_finds_what_it_should():
 def test_a_lesson_is_committed_executed_with_clean_metadata(path):
     notebook = nbformat.read(path, as_version=4)
     assert set(notebook.metadata) == {"kernelspec", "language_info"}
-    cells = code(notebook)
+    stop = exercises.first_exercise(notebook)  # Run All stops there: the exercises ship blank
+    cells = [c for c in notebook.cells[:stop] if c.cell_type == "code"]
+    blank = [c for c in notebook.cells[stop:] if c.cell_type == "code"]
+    assert blank and all(c.execution_count is None and not c.outputs for c in blank), (
+        "the exercises (from the first learner's cell on) ship unexecuted: run `make lessons`"
+    )
     assert all(c.execution_count is not None for c in cells), "run `make lessons`"
     counts = [c.execution_count for c in cells]
     assert counts == sorted(counts), "executed top to bottom, in one kernel"

@@ -5,6 +5,7 @@ records the machine, the load and the Run All times in notebooks/README.md."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,13 +98,29 @@ def test_a_quiet_run_writes_every_lesson_and_records_the_machine(tmp_path, monke
     first, second = tmp_path / "01_a.ipynb", tmp_path / "02_b.ipynb"
     make(first, SIZE, "x = 1")
     make(second, SIZE)
+    lesson = nbformat.read(first, as_version=4)  # a core, then more, then an exercise
+    exercise = nbformat.v4.new_code_cell("# Exercise 1: define y\nraise NotImplementedError()")
+    exercise.metadata["tags"] = ["exercise"]
+    lesson.cells += [
+        nbformat.v4.new_markdown_cell("## Going further"),
+        nbformat.v4.new_code_cell("import time\ntime.sleep(0.1)"),
+        exercise,
+        nbformat.v4.new_code_cell("# Check: exercise 1\nassert 'y' in globals(), 'define y'"),
+    ]
+    nbformat.write(lesson, first)
     readme = tmp_path / "README.md"
     readme.write_text("# Lessons\n\nprose\n")
     assert runner.run_lessons([first, second], readme=readme) == 0
-    assert runner.first_machine(nbformat.read(first, as_version=4)) == machine()
+    ran = nbformat.read(first, as_version=4)
+    assert runner.first_machine(ran) == machine()
+    # Run All stops at the first exercise: it and its check ship unexecuted
+    assert ran.cells[-3].outputs == [] and ran.cells[-3].execution_count == 3
+    assert [c.get("outputs") for c in ran.cells[-2:]] == [[], []]
+    assert [c.get("execution_count") for c in ran.cells[-2:]] == [None, None]
     text = readme.read_text()
     assert text.startswith("# Lessons\n\nprose\n") and machine() in text
-    assert "| `01_a.ipynb` |" in text and "| `02_b.ipynb` |" in text
+    assert re.search(r"^\| `01_a.ipynb` \| \d+ \| \d+ \|$", text, re.M), text
+    assert re.search(r"^\| `02_b.ipynb` \| - \| \d+ \|$", text, re.M), text  # no core
     assert f"0.00 cores busy on average over 5 s (within the {LIMIT_CORES:.2f}" in text
     runner.run_lessons([second], readme=readme)  # a later run of one lesson keeps the other row
     assert readme.read_text().count("| `01_a.ipynb` |") == 1
