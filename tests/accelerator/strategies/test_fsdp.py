@@ -111,7 +111,7 @@ def test_fsdp_trains_in_bf16():
 def test_fp16_with_fsdp_is_refused_with_a_way_out():
     with pytest.raises(ValueError, match="use mixed_precision='bf16'"):
         Accelerator(mixed_precision="fp16", fsdp_plugin=FSDPPlugin())
-    with pytest.raises(TypeError, match=r"must be an nbaccel\.FSDPPlugin"):
+    with pytest.raises(TypeError, match=r"must be an nbaccel\.FullyShardedDataParallelPlugin"):
         Accelerator(fsdp_plugin={"zero_stage": 3})
 
 
