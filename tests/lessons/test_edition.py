@@ -339,3 +339,18 @@ def test_a_solutions_code_is_the_english_one(english):
             assert exercises.FENCE.findall(shown) == exercises.FENCE.findall(mine.source), (
                 f"{english.name}: the Arabic solution's code differs from the English:\n{shown}"
             )
+
+
+def test_the_build_refuses_a_translated_solution_whose_code_differs():
+    from lessonbuild import exercises
+
+    english = next(
+        read(lesson)
+        for lesson in LESSONS
+        if any(exercises.tagged(c, exercises.SOLUTION) for c in read(lesson).cells)
+    )
+    index = next(i for i, c in enumerate(english.cells) if exercises.tagged(c, exercises.SOLUTION))
+    source = english.cells[index].source
+    changed = source.replace("```python\n", "```python\nx = 0  # not the English code\n", 1)
+    with pytest.raises(edition.Stale, match=rf"cell {index}: a solution's code must be"):
+        edition.translate(english, [edition.Section(index, edition.digest(source), changed)], "x")
