@@ -44,8 +44,9 @@ class Kernel:
     def start(self, code: str) -> str:
         return self.client.execute(code)
 
-    def wait_for_output(self, *texts: str, timeout: float = 60) -> None:
-        """Read the kernel's output until every one of ``texts`` appeared (in any order)."""
+    def wait_for_output(self, *texts: str, timeout: float = 60) -> str:
+        """Read the kernel's output until every one of ``texts`` appeared (in any order);
+        return what was read."""
         deadline = time.monotonic() + timeout
         seen = ""
         while time.monotonic() < deadline:
@@ -56,7 +57,7 @@ class Kernel:
             if msg["msg_type"] == "stream":
                 seen += msg["content"]["text"]
                 if all(text in seen for text in texts):
-                    return
+                    return seen
         raise AssertionError(f"{texts!r} never all appeared; saw {seen!r}")
 
     def finish(self, msg_id: str, timeout: float = 60) -> Result:

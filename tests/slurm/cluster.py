@@ -19,6 +19,7 @@ cluster path by hand from a notebook started with the printed ``SLURM_CONF``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -33,6 +34,9 @@ from pathlib import Path
 PACKAGES = "slurmctld slurmd slurm-client munge"
 NODES = ("n1", "n2")
 CPUS_PER_NODE = 2
+#: How long slurmctld waits for a silent slurmd before it marks the node DOWN (a real cluster's
+#: default is 300 s; the dead-node tests kill one, and it need not take that long).
+SLURMD_TIMEOUT_S = 20
 COMMANDS = ("sbatch", "squeue", "scancel", "srun", "slurmctld", "slurmd", "munged")
 
 
@@ -81,6 +85,7 @@ SlurmdLogFile={folder}/slurmd-%n.log
 ReturnToService=2
 MinJobAge=600
 KillWait=5
+SlurmdTimeout={SLURMD_TIMEOUT_S}
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 {nodes}
@@ -107,6 +112,63 @@ class Cluster:
     def queue(self) -> list[str]:
         """Job ids still in the queue (pending, running or completing)."""
         return self.run("squeue", "-h", "-o", "%i").stdout.split()
+
+    def kill_node(self, name: str) -> list[int]:
+        """What a node's power cut does to the test cluster: node ``name``'s slurmd, its job
+        steps' slurmstepd and every task process on it (those whose environment says
+        ``SLURMD_NODENAME=name`` and this cluster's ``SLURM_CONF``, and all below them) stop at
+        once (SIGSTOP: none of them can react to another's death, as slurmstepd's tasks would),
+        then die (SIGKILL). Returns the pids killed."""
+        import psutil
+
+        marks = {"SLURMD_NODENAME": name, "SLURM_CONF": self.env["SLURM_CONF"]}
+        found = {psutil.Process(int((self.folder / f"slurmd-{name}.pid").read_text()))}
+        for process in psutil.process_iter():
+            try:
+                environ = process.environ()
+                if all(environ.get(k) == v for k, v in marks.items()):  # this cluster's node
+                    found |= {process, *process.children(recursive=True)}
+                    parent = process.parent()
+                    if parent is not None and parent.name() == "slurmstepd":
+                        found.add(parent)
+            except psutil.Error:
+                continue
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for process in found:
+                with contextlib.suppress(psutil.Error):
+                    process.send_signal(sig)
+        return sorted(p.pid for p in found)
+
+    def revive(self, name: str, timeout: float = 120) -> None:
+        """Start node ``name``'s slurmd again (the supervisor does: it owns the daemons) and
+        wait until SLURM has it idle again. First the node is marked down, as SLURM does after
+        ``SlurmdTimeout`` and an administrator does at once: that frees what the dead node's
+        job held (without it, a slurmd back within seconds can leave its CPUs counted as used,
+        "mix" with no job), and ``ReturnToService=2`` returns the node when it registers."""
+        self.run("scontrol", "update", f"nodename={name}", "state=down", "reason=test-killed")
+        (self.folder / f"revive-{name}").touch()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            node = self.run("scontrol", "show", "node", name, "-o", check=False).stdout
+            shown = dict(f.split("=", 1) for f in node.split() if "=" in f).get("State")
+            if shown == "IDLE" and not self.job_processes():
+                return
+            time.sleep(0.5)
+        queue = self.run("squeue", "-h", "-o", "%i %T %N %r", check=False).stdout
+        log = self.run("scontrol", "show", "node", name, check=False).stdout
+        log += (self.folder / "slurmctld.log").read_text(errors="replace")[-2500:]
+        raise RuntimeError(f"node {name} did not come back: SLURM says {shown!r}, job "
+                           f"processes {self.job_processes()}; queue: "
+                           f"{queue!r}; the node and slurmctld's log:\n{log}")  # fmt: skip
+
+    def job_processes(self) -> list:
+        """The processes of jobs below the cluster's daemons (a killed node's job ends on the
+        other node only once its srun notices)."""
+        import psutil
+
+        daemons = ("slurmctld", "slurmscriptd", "slurmd", "munged", "runuser")
+        below = psutil.Process(self.supervisor.pid).children(recursive=True)
+        return [p for p in below if _name(p) not in daemons]
 
     def stop(self) -> None:
         if self.supervisor is None:
@@ -229,6 +291,9 @@ def _supervise() -> None:
     daemons += [subprocess.Popen(["slurmd", "-D", "-N", n]) for n in NODES]
     while not stopping:
         time.sleep(0.2)
+        for revive in folder.glob("revive-*"):  # Cluster.revive: a killed node's slurmd again
+            revive.unlink()
+            daemons.append(subprocess.Popen(["slurmd", "-D", "-N", revive.name[len("revive-") :]]))
         try:  # reap orphans (job steps) as they end
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
@@ -247,6 +312,13 @@ def _supervise() -> None:
                 os.kill(child, signal.SIGKILL)
         if pid == 0:
             time.sleep(0.05)
+
+
+def _name(process) -> str:
+    try:
+        return process.name()
+    except Exception:  # gone meanwhile
+        return "slurmd"
 
 
 def _children() -> list[int]:
