@@ -53,7 +53,8 @@ class RankFailure:
 
     def who(self) -> str:
         where = f" on node {self.node}" if self.node else ""
-        return f"rank {self.rank} (pid {self.pid}){where}"
+        pid = f" (pid {self.pid})" if self.pid is not None else ""  # a lost node's: unknown
+        return f"rank {self.rank}{pid}{where}"
 
     def describe(self) -> str:
         if self.exc_type == "SystemExit":  # sys.exit(...): its code and what Python prints

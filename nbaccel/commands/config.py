@@ -181,12 +181,18 @@ def yes_no(text: str) -> bool:
 
 
 def minutes(text: str) -> int | str:
-    """A time limit: whole minutes, SLURM's own form ("1:30:00", "2-00:00:00"), or none."""
-    if text.isdigit() and int(text) > 0:
-        return int(text)
-    if text == "none" or (text and all(c.isdigit() or c in ":-" for c in text)):
+    """A time limit: whole minutes, one of SLURM's forms ("1:30:00", "2-00:00:00"), or none."""
+    from ..launch.slurm.limits import minutes as slurm_minutes  # SlurmCluster's own reading
+
+    if text == "none":
         return text
-    raise argparse.ArgumentTypeError(f"{text!r}: give minutes (30) or SLURM's form (1:30:00)")
+    try:
+        limit = slurm_minutes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{err}; e.g. 30 or 1:30:00") from None
+    if limit == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give more than 0 minutes, e.g. 30 or 1:30:00")
+    return int(text) if text.isascii() and text.isdigit() else text
 
 
 def render(config: Defaults) -> str:

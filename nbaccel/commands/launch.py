@@ -12,8 +12,9 @@ socket in a temporary folder named by ``NBACCEL_STACKS_DIR``, ``stacks.py``) and
 report. ``--slurm`` submits the script to a SLURM cluster instead (``--num-nodes`` nodes of
 ``-n`` processes each): the notebook's cluster path (``launch/slurm``) with the script as its
 function, so the queue state, the output, the error naming rank and node, and the hang report
-read as they do in a cell. There is no ``--stall-warning``: under torchrun the workers' records
-stay in the workers (no channel reaches this process), so it cannot see them stop.
+read as they do in a cell; Ctrl-C cancels the job and ends with 130, as a local run does. There
+is no ``--stall-warning``: under torchrun the workers' records stay in the workers (no channel
+reaches this process), so it cannot see them stop.
 """
 
 from __future__ import annotations
@@ -165,6 +166,9 @@ def slurm_command(args: argparse.Namespace) -> int:
             deepspeed=args.deepspeed, zero_stage=args.zero_stage, timeout=args.timeout,
             cluster=cluster,
         )  # fmt: skip
+    except KeyboardInterrupt:  # the launch has cancelled the job and said where the ranks were
+        print("nbaccel launch: stopped by SIGINT; the workers were ended.", file=sys.stderr)
+        return 128 + signal.SIGINT  # as the local path, and a shell, say Ctrl-C
     except LaunchError as err:
         print(f"nbaccel launch --slurm: {err}", file=sys.stderr)
         return 1

@@ -34,7 +34,6 @@ import sys
 from dataclasses import replace
 
 from ..env import CHANNEL_VAR
-from ..errors import RETURN_INSTEAD
 from ..observe.stacks import listen_from_environ
 from .descriptors import raise_limit, refusal
 from .groups import keep_groups_until_exit
@@ -52,8 +51,8 @@ from .protocol import (
     WorkerSpec,
     encode,
     recv,
+    returned,
     send,
-    type_name,
     unpack_call,
 )
 
@@ -206,7 +205,6 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
     import torch.distributed as dist
 
     from ..observe.rank_recorder import close_all
-    from ..tensors import to_cpu
 
     faulthandler.enable()  # a segfault still prints a Python traceback into the cell
     os.environ.clear()
@@ -222,14 +220,7 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
         sys.argv[:] = [getattr(function, "__qualname__", repr(function))]  # not the server's
         value = function(*args, **kwargs)
         close_all()  # the last records reach the notebook before the result does
-        try:
-            payload = cloudpickle.dumps(to_cpu(value))
-        except Exception as err:
-            raise TypeError(
-                f"the function returned a {type_name(value)} that cannot be sent back to the "
-                f"notebook ({err}); {RETURN_INSTEAD}"
-            ) from err
-        channel.send_bytes(encode(Result(payload, type_name(value))))
+        channel.send_bytes(encode(returned(value)))
         code = 0
     except SystemExit as exit_:
         close_all()

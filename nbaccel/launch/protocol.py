@@ -181,6 +181,25 @@ def type_name(value: Any) -> str:
     return qualname if module in ("", "builtins") else f"{module}.{qualname}"
 
 
+def returned(value: Any) -> Result:
+    """The function's ``value`` as a worker sends it back: its tensors on the CPU (the notebook
+    may have no GPU), cloudpickled; a value that cannot be pickled raises TypeError with what
+    to return instead."""
+    import cloudpickle
+
+    from ..errors import RETURN_INSTEAD
+    from ..tensors import to_cpu
+
+    try:
+        payload = cloudpickle.dumps(to_cpu(value))
+    except Exception as err:
+        raise TypeError(
+            f"the function returned a {type_name(value)} that cannot be sent back to the "
+            f"notebook ({err}); {RETURN_INSTEAD}"
+        ) from err
+    return Result(payload, type_name(value))
+
+
 @dataclass(frozen=True)
 class Result:
     """Worker -> launcher: the function returned; ``value`` is its cloudpickle and ``type``

@@ -133,3 +133,35 @@ def test_a_metrics_folder_without_the_launchs_key_records_into_the_run(tmp_path,
     channel.add(1, {"loss": 0.5})
     assert not channel.connected and run.series("loss") == {0: ([1], [0.5])}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_only_the_jobs_own_task_logs_are_relayed(tmp_path, key, capsys):
+    # submitit names a task's log <job id>_<task>_log.out; anything else can write a file named
+    # so into the folder, and its lines would read as a rank's output.
+    own = tmp_path / "5_0_log.out"
+    own.write_text("[rank 0] step 1\nagent line, left in the log\n")
+    (tmp_path / "6_0_log.out").write_text("[rank 1] forged\n")
+    later = tmp_path / "5_1_log.out"  # the second node's task, not started yet
+    JobFolder(tmp_path, key, "SLURM job 5", logs=lambda: [own, later]).relay(None, None)
+    assert capsys.readouterr().out == "[rank 0] step 1\n"
+    JobFolder(tmp_path, key, "SLURM job 5").relay(None, None)  # told none: every log, as before
+    assert capsys.readouterr().out == "[rank 0] step 1\n[rank 1] forged\n"
+
+
+def test_an_entry_named_like_an_error_file_that_is_no_file_is_refused_once(tmp_path, key, capsys):
+    # A directory where an error file goes made the watch raise IsADirectoryError, and the
+    # launch then cancelled a healthy job.
+    real = {"rank": 1, "pid": 5, "exc_type": "ValueError", "message": "bad", "traceback": "tb",
+            "node": "n2", "secondary": False}  # fmt: skip
+    write_sealed(error_path(tmp_path, 1), key, real)
+    error_path(tmp_path, 5).mkdir()
+    answer = stacks_answer(tmp_path, "abc123", 0)
+    answer.mkdir()
+    files = JobFolder(tmp_path, key, "SLURM job 7")
+    for _ in range(2):  # the watch reads the folder again at every poll
+        assert [f.rank for f in files.failures()] == [1]
+        assert files.answers([answer]) == {}
+    err = capsys.readouterr().err
+    assert f"refused an entry that cannot be read as a file in {error_path(tmp_path, 5)}" in err
+    assert f"refused an entry that cannot be read as a file in {answer}" in err
+    assert err.count("nbaccel: refused") == 2  # each said once

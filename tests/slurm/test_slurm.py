@@ -257,11 +257,13 @@ def test_slurms_own_kills_are_each_said_with_the_option_to_change(tmp_path):
     are checked on the state SLURM reports, as the time limit's are on a real kill above."""
     from types import SimpleNamespace
 
-    from nbaccel.launch.slurm.job import _Watch
+    from nbaccel.launch.slurm.watch import Watch
 
     (tmp_path / "5_0_log.out").write_text("")  # the nodes did see the folder
-    watch = _Watch(SimpleNamespace(job_id="5"), tmp_path, b"k" * 32)
-    said = watch._ended_by_slurm("OUT_OF_MEMORY", {}, missing=True)
+    job = SimpleNamespace(job_id="5", task=lambda i: SimpleNamespace(
+        paths=SimpleNamespace(stdout=tmp_path / f"5_{i}_log.out")))  # fmt: skip
+    watch = Watch(job, tmp_path, b"k" * 32)
+    said = watch.ended_by_slurm("OUT_OF_MEMORY", {}, missing=True)
     assert "more memory than it asked for" in said and "SlurmCluster(mem='32G')" in said
-    said = watch._ended_by_slurm("TIMEOUT", {"TimeLimit": "00:01:00"}, missing=True)
+    said = watch.ended_by_slurm("TIMEOUT", {"TimeLimit": "00:01:00"}, missing=True)
     assert "at its time limit (00:01:00)" in said and "SlurmCluster(time=...)" in said

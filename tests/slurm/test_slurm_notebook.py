@@ -89,12 +89,13 @@ def test_the_stop_button_says_where_each_rank_was_cancels_the_job_and_keeps_the_
     assert kernel.run("1 + 1").value == "2"
 
 
+#: A kernel started inside an allocation runs ``call`` after ``cell``; then the queue is shown.
 INSIDE = """
 import subprocess, sys
 sys.path.insert(0, {root!r})
 from tests.kernel import kernel_with
 with kernel_with({cwd!r}, {cell!r}) as kernel:
-    out = kernel.run("notebook_launcher(where, num_nodes=2, cluster=cluster, timeout=240)", 300)
+    out = kernel.run({call!r}, 300)
     print("value:", out.value, "error:", out.error)
     print(out.stdout + out.stderr)
 queue = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
@@ -105,23 +106,29 @@ print("queue:", queue.split())
 def test_a_kernel_inside_an_allocation_runs_a_job_step_there(slurm, empty_queue, tmp_path):
     """Jupyter started under ``salloc``: the launch runs as a step of that allocation, and no
     second job enters the queue."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = str(Path(__file__).parents[2])
-    code = INSIDE.format(root=root, cwd=str(tmp_path), cell=CELL)
-    done = subprocess.run(
-        ["salloc", "--nodes=2", "--time=10", sys.executable, "-c", code],
-        capture_output=True, text=True, timeout=280, env={**os.environ, **slurm.env},
-    )  # fmt: skip
+    call = "notebook_launcher(where, num_nodes=2, cluster=cluster, timeout=240)"
+    done = in_allocation(slurm, 2, tmp_path, CELL, call)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "value: 2 error: None" in out, out
     assert "[rank 0] on n1" in out and "[rank 1] on n2" in out
     assert "a job step in SLURM allocation" in out
     assert out.split("queue: ")[1].strip() == str(sorted(slurm_ids(out))), out
+
+
+def in_allocation(slurm, nodes: int, cwd, cell: str, call: str):
+    """A kernel started under ``salloc --nodes=nodes`` (in ``cwd``) runs ``cell``, then
+    ``call``; the finished ``salloc`` (``INSIDE`` prints the value, the output, the queue)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = INSIDE.format(root=str(Path(__file__).parents[2]), cwd=str(cwd), cell=cell, call=call)
+    return subprocess.run(
+        ["salloc", f"--nodes={nodes}", "--time=10", sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=400, env={**os.environ, **slurm.env},
+    )  # fmt: skip
 
 
 def slurm_ids(out: str) -> list[str]:

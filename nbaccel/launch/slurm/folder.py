@@ -5,12 +5,14 @@ Besides submitit's files (the batch script, the pickled call, each node task's l
 result), the launch's processes exchange these there while the job runs:
 
 - ``metrics-<rank>.bin``: each rank's records, appended batch by batch (``observe/channel.py``);
-- ``rank-<rank>.error.json``: a failed rank's error (rank, node, traceback);
+- ``rank-<rank>.error.json``: a failed rank's error (rank, node, traceback), or its node
+  agent's word on a rank that died without one (killed by a signal);
+- ``node-<K>.alive``: node K's heartbeat, a counter it rewrites every second;
 - ``stacks.request`` and ``stacks-<request>-node<K>.json``: "where is every rank?" and each
   node's answer;
 - ``rendezvous``: the first node's ``addr:port``, which the other nodes read.
 
-Each of the first three is JSON sealed with the launch's own secret (``channel.seal``: an
+Each of the first four is JSON sealed with the launch's own secret (``channel.seal``: an
 HMAC-SHA256 under ``NBACCEL_JOB_KEY``, made by the notebook for this launch and carried to the
 nodes inside submitit's pickled call in this folder). The reader drops what lacks the seal and
 logs it: a file written by something other than this launch's processes (or left by another
@@ -18,7 +20,10 @@ launch) adds nothing and is never unpickled. The values and the call are submiti
 trusted as the folder is.
 
 ``JobFolder`` is the notebook's reader: it relays the ranks' output lines and records, and
-reads their errors.
+reads their errors. It prints lines from this job's own task logs alone (``logs``), so a file
+named like a log adds no line to a rank's output; and an entry that cannot be read as a file
+(a directory named like an error file) is refused like a forged one, never a crash of the
+watch that would cancel a healthy job.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import RankFailure, by_priority
@@ -46,6 +52,10 @@ class Forged(ValueError):
 
 def error_path(folder: Path, rank: int) -> Path:
     return Path(folder) / f"rank-{rank}.error.json"
+
+
+def heartbeat_path(folder: Path, node_id: int) -> Path:
+    return Path(folder) / f"node-{node_id}.alive"
 
 
 def stacks_answer(folder: Path, request: str, node_id: int) -> Path:
@@ -70,8 +80,12 @@ def read_sealed(path: Path, key: bytes):
 class JobFolder:
     """The notebook's side of one job folder: what the ranks wrote, read as it grows."""
 
-    def __init__(self, path: Path, key: bytes, name: str) -> None:
-        self.path, self.key, self.name = Path(path), key, name
+    def __init__(
+        self, path: Path, key: bytes, name: str, logs: Callable[[], list[Path]] | None = None
+    ) -> None:
+        """``logs``: the paths of this job's own task logs (submitit's ``job.task(i).paths
+        .stdout``); None reads every ``*_log.out`` in the folder."""
+        self.path, self.key, self.name, self.logs = Path(path), key, name, logs
         self.offsets: dict[Path, int] = {}  # how far each log and metrics file was read
         self.refused: set[str] = set()  # files already said to lack the seal
         self.skewed: set[int] = set()  # ranks whose clock was already said to be off
@@ -80,7 +94,8 @@ class JobFolder:
     def relay(self, run, view) -> None:
         """Print the ranks' new whole lines from each task's log (agent lines stay there), and
         add the ranks' new sealed records to the run and the live view."""
-        for log in sorted(self.path.glob("*_log.out")):
+        logs = self.logs() if self.logs is not None else sorted(self.path.glob("*_log.out"))
+        for log in logs:
             whole = self._read(log, lambda data: data.rfind(b"\n") + 1)
             for line in whole.decode(errors="replace").splitlines():
                 if line.startswith("[rank "):
@@ -118,8 +133,13 @@ class JobFolder:
             except ValueError as exc:  # Forged, or not JSON
                 self.refuse(path, exc)
                 continue
+            except OSError:  # a directory, or a file the ranks (this user) did not write
+                self.refuse(path, "an entry that cannot be read as a file")
+                continue
             fields = ("rank", "pid", "exc_type", "message", "traceback", "node", "secondary")
-            failure = RankFailure(**{name: report[name] for name in fields})
+            failure = RankFailure(
+                **{name: report[name] for name in fields}, exit_code=report.get("exit_code")
+            )
             found.append((path.stat().st_mtime_ns, failure))
         arrival = [f.rank for _, f in sorted(found, key=lambda x: (x[0], x[1].rank))]
         return by_priority([f for _, f in found], arrival)
@@ -132,6 +152,9 @@ class JobFolder:
                 answer = read_sealed(path, self.key)
             except ValueError as exc:
                 self.refuse(path, exc)
+                continue
+            except OSError:
+                self.refuse(path, "an entry that cannot be read as a file")
                 continue
             stacks.update({int(rank): text for rank, text in answer.items()})
         return stacks

@@ -21,7 +21,9 @@ When the job ends: submitit learns a job's end from ``sacct``, which needs SLURM
 daemon that many small clusters (and this project's test cluster) do not run. So the launch
 watches the job through ``squeue`` (pending, running, its reason) and, once the job has left
 the queue, reads each task's result from the job folder; a task without a result is explained
-by ``scontrol show job`` (TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL).
+by ``scontrol show job`` (TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL). The watch itself, and
+how it tells the culprit from the consequences and a dead node from a busy one, is
+``watch.py``; what SLURM's commands say, and the stop, ``queue.py``.
 
 The job folder is the channel: ``folder/<job id>-<launch tag>`` (a job ID can recur; the tag
 does not), created readable by the user alone (0700), holds the batch script, the pickled call,
@@ -42,31 +44,16 @@ import os
 import secrets
 import subprocess
 import sys
-import time
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ...env import JOB_KEY_VAR
-from ...errors import LaunchError, root_cause_report
-from .cluster import SlurmCluster, check_slurm
-from .folder import JobFolder, stacks_answer, write_sealed
-
-#: How often the launch asks ``squeue`` about the job; SLURM's own tools poll likewise.
-POLL_S = 0.5
-#: After a rank's error, how long the other ranks get to fail or finish before ``scancel``.
-GRACE_S = 10.0
-#: Job states in which the job still holds (or waits for) its nodes.
-ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"}
-#: How long the notebook waits for every node's answer to "where are your ranks?" (each node
-#: polls the job folder every 0.2 s; a shared filesystem may take a moment more to show it).
-ASK_S = 5.0
-#: Job states in which SLURM, not the launched function, ended the job.
-ENDED_BY_SLURM = {"TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "DEADLINE", "BOOT_FAIL"}
-
-
-def _slurm(*command: str) -> str:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    return done.stdout if done.returncode == 0 else ""
+from ...errors import NbaccelError
+from . import queue
+from .cluster import SlurmCluster, check_slurm, folder_warning
+from .watch import Watch
 
 
 def launch(payload: bytes, environ: dict, nproc: int, num_nodes: int, cluster: SlurmCluster,
@@ -75,47 +62,115 @@ def launch(payload: bytes, environ: dict, nproc: int, num_nodes: int, cluster: S
     value in rank order (or raise)."""
     from .node import run_node
 
-    check_slurm(cluster)
+    check_slurm(cluster, num_nodes)
+    if warning := folder_warning(cluster, num_nodes):
+        print(f"nbaccel: {warning}", file=sys.stderr, flush=True)
     key = secrets.token_bytes(32)  # this launch's seal; it travels in the 0700 job folder
     environ = {**environ, JOB_KEY_VAR: key.hex()}
     cluster.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     umask = os.umask(0o077)  # the job folder, its pickles and its logs: the user's alone
     try:  # (sbatch and srun pass this umask on to the job's tasks)
-        if os.environ.get("SLURM_JOB_ID"):  # this kernel runs inside an allocation
+        if _as_step(cluster, num_nodes):
             job, folder, step = _in_allocation(
                 run_node, (payload, nproc, environ), num_nodes, cluster
             )
-            watch = _Watch(job, folder, key, step, run=run, view=view)
         else:
-            template = cluster.job_folder()
-            executor = cluster.executor(num_nodes, template)
-            job = executor.submit(run_node, payload, nproc, environ, str(template))
-            folder = Path(str(template).replace("%j", str(job.job_id)))
-            watch = _Watch(job, folder, key, run=run, view=view)
+            job, folder, step = _submit(run_node, (payload, nproc, environ), num_nodes, cluster)
     finally:
         os.umask(umask)
-    watch.nodes, watch.world_size = num_nodes, num_nodes * nproc
+    watch = Watch(job, folder, key, step, run=run, view=view, nodes=num_nodes, nproc=nproc)
     try:
         watch.until_done(timeout)
     except KeyboardInterrupt:
         where = watch.where()  # before the ranks are stopped, as a local launch does
         watch.cancel()
-        print(f"nbaccel: interrupted; {watch.name} was cancelled.", file=sys.stderr)
+        print(f"nbaccel: interrupted; {watch.said_after_stop()}", file=sys.stderr, flush=True)
         if where is not None:
             print(where, file=sys.stderr)
         raise
     except BaseException:
         watch.cancel()
         raise
-    return watch.outcome(return_all, num_nodes * nproc)
+    return watch.outcome(return_all)
+
+
+def _as_step(cluster: SlurmCluster, num_nodes: int) -> bool:
+    """Inside an allocation (a kernel started under ``salloc`` or as a SLURM job), a launch is
+    a job step of it when its nodes suffice, else a new job; ``SlurmCluster(new_job=...)``
+    chooses instead."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    new_job = cluster.new_job
+    if not job_id or new_job:
+        return False
+    have = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+    if num_nodes <= have:
+        return True
+    nodes = f"{have} node{'s' if have > 1 else ''}"
+    if new_job is False:
+        raise NbaccelError(
+            f"this kernel's SLURM allocation {job_id} has {nodes}; num_nodes={num_nodes} cannot "
+            "run as a step of it: ask for fewer nodes, or let SlurmCluster(new_job=True) submit "
+            "a job of its own"
+        )
+    print(
+        f"nbaccel: this kernel runs inside SLURM job {job_id} ({nodes}); num_nodes={num_nodes} "
+        "needs more, so the launch is a new job (SlurmCluster(new_job=False) keeps it a step).",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False
+
+
+def _submit(run_node, args: tuple, num_nodes: int, cluster: SlurmCluster):
+    """sbatch, through submitit; a refusal is said in one sentence, and nothing of it stays in
+    the folder (submitit's pickled call and batch script, named by uuids, hold the launch's own
+    folder name, by which they are found)."""
+    from submitit.core.utils import FailedJobError
+
+    template = cluster.job_folder()
+    executor = cluster.executor(num_nodes, template)
+    try:
+        with _outside_allocation():
+            job = executor.submit(run_node, *args, str(template))
+    except FailedJobError as refused:
+        _remove_submission(cluster.folder, str(template))
+        raise NbaccelError(queue.refusal(str(refused))) from None
+    folder = Path(str(template).replace("%j", str(job.job_id)))
+    for link in cluster.folder.glob(".submission_file_*.sh"):  # submitit's, one per submission
+        if link.is_symlink() and Path(os.readlink(link)).parent == folder:
+            link.unlink(missing_ok=True)
+    return job, folder, None
+
+
+def _remove_submission(folder: Path, template: str) -> None:
+    marker = template.encode()
+    for path in [*folder.glob("*.pkl"), *folder.glob(".submission_file_*.sh")]:
+        try:
+            if path.is_file() and not path.is_symlink() and marker in path.read_bytes():
+                path.unlink()
+        except OSError:
+            pass
+
+
+@contextmanager
+def _outside_allocation():
+    """sbatch from inside a SLURM job, without that job's ``SLURM_*`` variables: sbatch passes
+    the environment on to the new job, where ``srun`` would read the outer job's (its CPUs per
+    task, its tasks) as its own options. ``SLURM_CONF`` stays. The environment is the kernel's
+    own again when sbatch returns."""
+    outer = {k: v for k, v in os.environ.items() if k.startswith("SLURM_") and k != "SLURM_CONF"}
+    for name in outer:
+        del os.environ[name]
+    try:
+        yield
+    finally:
+        os.environ.update(outer)
 
 
 def _in_allocation(run_node, args: tuple, num_nodes: int, cluster: SlurmCluster):
     """One job step (``srun``) in the allocation this kernel runs in, no new ``sbatch``:
     submitit's own task runner reads the call from a folder of this launch alone (submitit has
     no call for steps)."""
-    import tempfile
-
     import submitit
 
     job_id = os.environ["SLURM_JOB_ID"]
@@ -134,183 +189,3 @@ def _in_allocation(run_node, args: tuple, num_nodes: int, cluster: SlurmCluster)
     )
     job = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=list(range(num_nodes)))
     return job, folder, step
-
-
-def _cancel(job_id: str) -> None:
-    """scancel, then wait until the job has left the queue (nothing stays behind)."""
-    subprocess.run(["scancel", str(job_id)], capture_output=True, timeout=60)
-    deadline = time.monotonic() + 120
-    while _state(job_id)[0] in ACTIVE and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-
-
-def _state(job_id: str) -> tuple[str, str, str]:
-    """(state, reason, nodes) from squeue; ("GONE", "", "") once the job left the queue."""
-    shown = _slurm("squeue", "-h", "-j", str(job_id), "-o", "%T|%r|%N").strip()
-    if not shown:
-        return "GONE", "", ""
-    state, reason, nodes = [*shown.splitlines()[0].split("|"), "", ""][:3]
-    return state, reason, nodes
-
-
-class _Watch:
-    """One job (or job step) from the queue to its end: its state shown, its output relayed,
-    its errors read, its values back."""
-
-    def __init__(self, job, folder: Path, key: bytes, step=None, run=None, view=None) -> None:
-        self.job, self.folder, self.key, self.step = job, folder, key, step
-        self.run, self.view = run, view
-        self.name = (
-            f"a job step in SLURM allocation {job.job_id}" if step else f"SLURM job {job.job_id}"
-        )
-        self.shown_state = None
-        self.files = JobFolder(folder, key, self.name)
-        self.first_error_at: float | None = None
-        self.ran = False  # the job reached RUNNING: its ranks can be asked where they are
-        self.nodes = self.world_size = 1  # set by launch()
-
-    def _status(self) -> tuple[str, str, str]:
-        if self.step is None:
-            return _state(self.job.job_id)
-        nodes = os.environ.get("SLURM_JOB_NODELIST", "")
-        return ("RUNNING", "", nodes) if self.step.poll() is None else ("GONE", "", "")
-
-    def cancel(self) -> None:
-        """Stop the job (scancel) or the step (srun forwards SIGTERM to its tasks)."""
-        if self.step is None:
-            _cancel(self.job.job_id)
-            return
-        if self.step.poll() is None:
-            self.step.terminate()
-            try:
-                self.step.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.step.kill()
-                self.step.wait()
-
-    def until_done(self, timeout: float | None) -> None:
-        started = time.monotonic()
-        while True:
-            state, reason, nodes = self._status()
-            self.ran = self.ran or state == "RUNNING"
-            self._show_state(state, reason, nodes)
-            self.files.relay(self.run, self.view)
-            if state == "GONE" or state not in ACTIVE:
-                break
-            if self.first_error_at is None and self.files.failures():
-                self.first_error_at = time.monotonic()
-            if self.first_error_at and time.monotonic() - self.first_error_at > GRACE_S:
-                self.cancel()  # the others stayed blocked on the failed rank
-            if timeout is not None and time.monotonic() - started > timeout:
-                where = self.where()
-                self.cancel()
-                self.files.relay(self.run, self.view)
-                said = f"{self.name} did not finish within timeout={timeout:g} s and was cancelled"
-                said += f". {where}" if where is not None else ""
-                stacks = where.stacks if where is not None else {}
-                raise LaunchError(f"{said}\n\nIts logs: {self.folder}", run=self.run, stacks=stacks)
-            time.sleep(POLL_S)
-        # The loop ends only once the job left ACTIVE (COMPLETING included: its nodes are let
-        # go) or the step's srun exited, so nothing of it stays behind when the cell returns.
-        self.files.relay(self.run, self.view)
-
-    def where(self):
-        """Where every rank is (``hang.Report``), asked through the job folder: each node asks
-        its own ranks at their sockets (``node.py``). None before the job ran."""
-        if not self.ran:
-            return None
-        import uuid
-
-        from ...observe.hang import report
-        from ...observe.stacks import RankStack
-
-        request = uuid.uuid4().hex[:12]
-        write_sealed(self.folder / "stacks.request", self.key, request)
-        answers = [stacks_answer(self.folder, request, n) for n in range(self.nodes)]
-        deadline = time.monotonic() + ASK_S
-        while not all(p.exists() for p in answers) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        stacks = {
-            rank: None if text is None else RankStack.from_json(text.encode())
-            for rank, text in self.files.answers(answers).items()
-        }
-        return report(stacks, list(range(self.world_size)), [], self.run)
-
-    def _show_state(self, state: str, reason: str, nodes: str) -> None:
-        if state == "PENDING":
-            why = reason if reason and reason != "None" else "queued"
-            line = f"{self.name}: pending ({why})"
-        elif state == "RUNNING":
-            line = f"{self.name}: running on {nodes}"
-        else:
-            return
-        if line != self.shown_state:
-            print(line, file=sys.stderr, flush=True)
-            self.shown_state = line
-
-    def outcome(self, return_all: bool, world_size: int) -> list[Any]:
-        from types import SimpleNamespace
-
-        from ..child_failed import LaunchError  # also torch's ChildFailedError
-        from ..results import collect
-
-        run = self.run
-        failures = self.files.failures()
-        tasks = [self.job.task(i) for i in range(self.job.num_tasks)]
-        missing = [t for t in tasks if not t.paths.result_pickle.exists()]
-        if failures:
-            if run is not None:
-                run.failures = failures
-            report = root_cause_report(failures, set(), [])
-            raise LaunchError(f"{report}\n\nThe job's logs: {self.folder}", failures, run)
-        state, fields = self._final_state()
-        if missing or state in ENDED_BY_SLURM:
-            raise LaunchError(self._ended_by_slurm(state, fields, bool(missing)), run=run)
-        values: dict[int, tuple] = {}
-        for i, task in enumerate(tasks):
-            try:
-                values.update(task.result())
-            except Exception as exc:  # the node's own task failed, outside the function
-                raise LaunchError(
-                    f"{self.name}: node task {i} failed before or after its ranks ran "
-                    f"({state}):\n{exc}",
-                    run=run,
-                ) from None
-        if len(values) != world_size:
-            raise LaunchError(
-                f"{self.name} returned {len(values)} of {world_size} ranks' values; see "
-                f"{self.folder}",
-                run=run,
-            )
-        ranks = [
-            SimpleNamespace(rank=r, pid=values[r][0], result=values[r][1]) for r in sorted(values)
-        ]
-        return collect(ranks, return_all, run if run is not None else SimpleNamespace())
-
-    def _final_state(self) -> tuple[str, dict]:
-        shown = _slurm("scontrol", "show", "job", str(self.job.job_id), "-o")
-        fields = dict(f.split("=", 1) for f in shown.split() if "=" in f)
-        return fields.get("JobState", "UNKNOWN"), fields
-
-    def _ended_by_slurm(self, state: str, fields: dict, missing: bool) -> str:
-        job, limit = self.job.job_id, fields.get("TimeLimit", "?")
-        if missing and not list(self.folder.glob("*_log.out")):
-            return (
-                f"SLURM job {job} ended ({state}) without writing to {self.folder}: the nodes "
-                "cannot see that folder; give SlurmCluster(folder=...) a folder on a filesystem "
-                "every node mounts (your home or the cluster's scratch)"
-            )
-        if state == "TIMEOUT":
-            return (
-                f"SLURM stopped job {job} at its time limit ({limit}): give SlurmCluster("
-                f"time=...) more minutes; its logs: {self.folder}"
-            )
-        if state == "OUT_OF_MEMORY":
-            return (
-                f"SLURM killed job {job} for using more memory than it asked for: ask for more "
-                f"with SlurmCluster(mem='32G'); its logs: {self.folder}"
-            )
-        return (
-            f"SLURM job {job} ended ({state}, {fields.get('Reason', '')}) before every node "
-            f"returned; its logs: {self.folder}"
-        )

@@ -37,9 +37,20 @@ import traceback
 from pathlib import Path
 
 from ...env import JOB_KEY_VAR, METRICS_DIR_VAR, STACKS_VAR
-from .folder import error_path, read_sealed, stacks_answer, write_sealed
+from .folder import error_path, heartbeat_path, read_sealed, stacks_answer, write_sealed
 
 RENDEZVOUS_WAIT_S = 300  # for the first node's port, while SLURM starts the job's tasks
+#: A node's folder of its ranks' sockets, in its temporary directory: the job step's id follows.
+STACKS_PREFIX = "nbaccel-node-stacks-"
+#: How often each node says it is alive (``heartbeat``), for the notebook to tell a dead node.
+HEARTBEAT_S = 1.0
+#: What a rank killed by a SIGKILL that neither its agent nor SLURM's cancel sent most often
+#: means, and how to check it on a cluster.
+KILLED_HINT = (
+    "out of memory? The kernel's or SLURM's OOM killer sends SIGKILL. To check: the node's "
+    "`dmesg`, or `sacct -j {job} -o JobID,State,MaxRSS` where SLURM keeps accounting; if it "
+    "was memory, ask for more with SlurmCluster(mem=...) or lower the batch size"
+)
 
 
 def node_address(name: str) -> str:
@@ -96,7 +107,9 @@ def run_node(payload: bytes, nproc: int, environ: dict, folder: str) -> dict[int
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", os.cpu_count() or 1))
     os.environ.update(environ)
     os.environ[METRICS_DIR_VAR] = str(folder)  # each rank's records, for the notebook's view
-    stacks_dir = tempfile.mkdtemp(prefix="nbaccel-stacks-")  # this node's ranks' sockets
+    step = f"{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '0')}"
+    sweep_stacks_dirs()  # what a SIGKILLed or cancelled step left on this node
+    stacks_dir = tempfile.mkdtemp(prefix=f"{STACKS_PREFIX}{step}-")  # this node's ranks' sockets
     os.environ[STACKS_VAR] = stacks_dir
     key = bytes.fromhex(environ[JOB_KEY_VAR])
     threading.Thread(
@@ -118,22 +131,74 @@ def run_node(payload: bytes, nproc: int, environ: dict, folder: str) -> dict[int
     )
     try:
         values = elastic_launch(config, work)(payload, str(folder))
-    except ChildFailedError:
-        return {}  # each failed worker wrote its own error; the notebook reads them
+    except ChildFailedError as failed:  # the agent's word on each failed rank
+        record_deaths(folder, key, failed.failures)
+        return {}
     finally:
         shutil.rmtree(stacks_dir, ignore_errors=True)
         del store
     return dict(values.values())
 
 
+def record_deaths(folder: Path, key: bytes, failures: dict) -> None:
+    """Write down each rank the agent saw fail that wrote no error of its own: killed by a
+    signal, or gone with an exit code and no Python error. A SIGKILL is the root cause (out of
+    memory, most often); a SIGTERM or SIGINT came from a stop (scancel, the job's end), so its
+    rank is only a consequence (``secondary``), as a peer's lost connection is."""
+    import signal
+
+    for rank, failure in failures.items():
+        if rank < 0 or error_path(folder, rank).exists():
+            continue  # the rank's own words (its traceback) say more than its exit code
+        code = failure.exitcode
+        stopped = code in (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP)
+        if code == -signal.SIGKILL:
+            message = KILLED_HINT.format(job=os.environ.get("SLURM_JOB_ID", "<job>"))
+        elif stopped:
+            message = "a stop: scancel, or SLURM's at the job's time limit or end"
+        else:
+            message = "without a Python error (a crash in native code, or os._exit)"
+        report = {"rank": rank, "node": os.environ.get("SLURMD_NODENAME", socket.gethostname())}
+        report |= {"pid": failure.pid, "exit_code": code, "exc_type": None, "message": message}
+        report |= {"traceback": "", "secondary": stopped}
+        write_sealed(error_path(folder, rank), key, report)
+
+
+def sweep_stacks_dirs() -> None:
+    """Remove this user's ``nbaccel-node-stacks-<job>.<step>-*`` folders whose job step SLURM no
+    longer runs: a step ended by SIGKILL (or a cancel that SIGKILL finished) cannot remove its
+    own. Nothing is removed when ``squeue`` cannot say which steps run."""
+    done = subprocess.run(
+        ["squeue", "-h", "-s", "-u", str(os.getuid()), "-o", "%i"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        return
+    running = set(done.stdout.split())
+    for path in Path(tempfile.gettempdir()).glob(f"{STACKS_PREFIX}*-*"):
+        step = path.name[len(STACKS_PREFIX) :].rsplit("-", 1)[0]
+        if step not in running and path.is_dir() and path.stat().st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _answer_requests(folder: Path, stacks_dir: str, node_id: int, key: bytes) -> None:
-    """The notebook asks "where is every rank?" by writing ``stacks.request`` (a new id each
-    time, sealed) to the job folder; this node asks its ranks at their sockets, as a local
-    launch does (``observe/stacks.py``), and writes their answers beside it, sealed. A request
-    without the launch's seal is refused, and said so in the node's log."""
-    seen = None
+    """The node's side channel while the job runs. It beats (``node-<K>.alive``: a counter,
+    sealed, every ``HEARTBEAT_S``), so that the notebook can tell a node that died from one that
+    is busy. And it answers "where is every rank?": the notebook writes ``stacks.request`` (a
+    new id each time, sealed) to the job folder; this node asks its ranks at their sockets, as a
+    local launch does (``observe/stacks.py``), and writes their answers beside it, sealed. A
+    request without the launch's seal is refused, and said so in the node's log."""
+    seen, beats, last = None, 0, 0.0
     while True:
         time.sleep(0.2)
+        if time.monotonic() - last >= HEARTBEAT_S:
+            beats, last = beats + 1, time.monotonic()
+            try:
+                write_sealed(heartbeat_path(folder, node_id), key, beats)
+            except OSError:
+                pass  # a full or read-only folder: the notebook hears silence, and says so
         seen = answer_request(folder, stacks_dir, node_id, key, seen)
 
 
@@ -183,7 +248,7 @@ def work(payload: bytes, folder: str) -> tuple[int, tuple]:
 
     from ...observe.rank_recorder import close_all
     from ...observe.stacks import listen_from_environ
-    from ..protocol import Result, type_name
+    from ..protocol import Result, returned
 
     rank = int(os.environ["RANK"])
     listen_from_environ()  # answers "where are you?" (the node asks for the notebook)
@@ -192,11 +257,14 @@ def work(payload: bytes, folder: str) -> tuple[int, tuple]:
     try:
         function, args, kwargs = cloudpickle.loads(payload)
         value = function(*args, **kwargs)
-        return rank, (os.getpid(), Result(cloudpickle.dumps(value), type_name(value)))
+        return rank, (os.getpid(), returned(value))  # as a local worker sends it
     except SystemExit as exc:
-        if exc.code in (0, None):  # sys.exit(0): a rank that stopped early on purpose
+        from ..forkserver import _exit_status
+
+        code, shown = _exit_status(exc)
+        if code == 0:  # sys.exit(0): a rank that stopped early on purpose
             return rank, (os.getpid(), Result(cloudpickle.dumps(None), "NoneType", exited=True))
-        _write_error(rank, folder, exc)
+        _write_error(rank, folder, exc, exit_code=code, message=shown)
         raise
     except BaseException as exc:
         _write_error(rank, folder, exc)
@@ -205,15 +273,17 @@ def work(payload: bytes, folder: str) -> tuple[int, tuple]:
         close_all()
 
 
-def _write_error(rank: int, folder: str, exc: BaseException) -> None:
+def _write_error(rank: int, folder: str, exc: BaseException, exit_code: int | None = None,
+                 message: str | None = None) -> None:  # fmt: skip
     from ..forkserver import _is_collective_failure
 
     report = {
         "rank": rank,
         "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
         "pid": os.getpid(),
+        "exit_code": exit_code,  # sys.exit(3)'s 3
         "exc_type": type(exc).__name__,
-        "message": str(exc),
+        "message": str(exc) if message is None else message,
         "traceback": traceback.format_exc(),
         "secondary": _is_collective_failure(exc, str(exc)),  # a peer died: not the cause
     }
