@@ -113,6 +113,13 @@ class Cluster:
         """Job ids still in the queue (pending, running or completing)."""
         return self.run("squeue", "-h", "-o", "%i").stdout.split()
 
+    def drained(self, timeout: float = 60) -> bool:
+        """Whether the queue is empty, or empties within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.queue() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return not self.queue()
+
     def kill_node(self, name: str) -> list[int]:
         """What a node's power cut does to the test cluster: node ``name``'s slurmd, its job
         steps' slurmstepd and every task process on it (those whose environment says

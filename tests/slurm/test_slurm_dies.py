@@ -79,7 +79,6 @@ def test_a_rank_sigkilled_on_the_second_node_is_named_killed(kernel, empty_queue
     assert said.startswith("rank 1 (pid ") and "on node n2 was killed by SIGKILL" in said, said
     assert "out of memory?" in said  # the hint, and rank 0's lost connection only after it
     assert "Other ranks:" in said and "rank 0" in said.split("Other ranks:")[1]
-    assert empty_queue.queue() == []
 
 
 def test_a_dead_node_ends_the_cell_and_is_named(kernel, empty_queue):
@@ -123,8 +122,9 @@ def test_an_error_after_end_training_is_named_and_the_job_stopped(kernel, empty_
     said = out.error["evalue"]
     assert said.startswith("rank 1 (pid ") and "on node n2 raised ValueError" in said, said
     assert "rank 1 fails after end_training()" in said
-    assert "was cancelled" in said  # rank 0's agent waited in torch's exit barrier: stopped
-    assert empty_queue.queue() == []
+    # rank 0's agent waited in torch's exit barrier: the launch stopped the job, and says what
+    # the queue showed after (gone, or still completing: SLURM's KillWait, up to a minute)
+    assert "was cancelled." in said or "was cancelled, and the queue still shows it" in said
 
 
 def test_sys_exit_3_is_said_with_its_code(kernel, empty_queue):
