@@ -142,7 +142,7 @@ def test_only_the_jobs_own_task_logs_are_relayed(tmp_path, key, capsys):
     own.write_text("[rank 0] step 1\nagent line, left in the log\n")
     (tmp_path / "6_0_log.out").write_text("[rank 1] forged\n")
     later = tmp_path / "5_1_log.out"  # the second node's task, not started yet
-    JobFolder(tmp_path, key, "SLURM job 5", logs=lambda: [own, later]).relay(None, None)
+    JobFolder(tmp_path, key, "SLURM job 5", logs=[own, later]).relay(None, None)
     assert capsys.readouterr().out == "[rank 0] step 1\n"
     JobFolder(tmp_path, key, "SLURM job 5").relay(None, None)  # told none: every log, as before
     assert capsys.readouterr().out == "[rank 0] step 1\n[rank 1] forged\n"

@@ -33,7 +33,6 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import RankFailure, by_priority
@@ -80,11 +79,10 @@ def read_sealed(path: Path, key: bytes):
 class JobFolder:
     """The notebook's side of one job folder: what the ranks wrote, read as it grows."""
 
-    def __init__(
-        self, path: Path, key: bytes, name: str, logs: Callable[[], list[Path]] | None = None
-    ) -> None:
+    def __init__(self, path: Path, key: bytes, name: str, logs: list[Path] | None = None) -> None:
         """``logs``: the paths of this job's own task logs (submitit's ``job.task(i).paths
-        .stdout``); None reads every ``*_log.out`` in the folder."""
+        .stdout``, known at submission, some not yet written); None reads every
+        ``*_log.out`` in the folder."""
         self.path, self.key, self.name, self.logs = Path(path), key, name, logs
         self.offsets: dict[Path, int] = {}  # how far each log and metrics file was read
         self.refused: set[str] = set()  # files already said to lack the seal
@@ -94,7 +92,7 @@ class JobFolder:
     def relay(self, run, view) -> None:
         """Print the ranks' new whole lines from each task's log (agent lines stay there), and
         add the ranks' new sealed records to the run and the live view."""
-        logs = self.logs() if self.logs is not None else sorted(self.path.glob("*_log.out"))
+        logs = self.logs if self.logs is not None else sorted(self.path.glob("*_log.out"))
         for log in logs:
             whole = self._read(log, lambda data: data.rfind(b"\n") + 1)
             for line in whole.decode(errors="replace").splitlines():

@@ -56,7 +56,7 @@ class Watch:
         self.name = f"a job step in SLURM allocation {self.id}" if step else f"SLURM job {self.id}"
         self.shown_state = None
         logs = [Path(job.task(i).paths.stdout) for i in range(nodes)]
-        self.files = JobFolder(folder, key, self.name, logs=lambda: logs)
+        self.files = JobFolder(folder, key, self.name, logs=logs)
         self.ran = False  # the job reached RUNNING: its ranks can be asked where they are
         self.node_list, self.names = "", []  # SLURM's node list, and its names in node order
         self.beats: dict[int, tuple[bytes, float]] = {}  # node: (last heartbeat, seen at)
@@ -317,7 +317,7 @@ class Watch:
                 f"SLURM killed job {job} for using more memory than it asked for: ask for more "
                 f"with SlurmCluster(mem='32G'); its logs: {logs}"
             )
-        if missing and ran and not any(p.exists() for p in self.files.logs()):
+        if missing and ran and not any(p.exists() for p in self.files.logs):
             return (
                 f"SLURM job {job} ran on {self.node_list or fields.get('NodeList')} and ended "
                 f"({state}) without writing to {logs}: the nodes cannot see that folder; give "
@@ -336,7 +336,7 @@ class Watch:
         errors = [line for line in said.splitlines() if "error" in line.lower()]
         if errors:
             return f"{self.name} did not run: {errors[-1].strip()}; its logs: {self.folder}"
-        if not any(p.exists() for p in self.files.logs()):
+        if not any(p.exists() for p in self.files.logs):
             return (
                 f"{self.name} ended without writing to {self.folder}: the nodes cannot see "
                 "that folder; give SlurmCluster(folder=...) a folder on a filesystem every node "
