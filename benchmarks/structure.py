@@ -130,7 +130,7 @@ def part(module: str) -> str:
     top = names[1]
     if top in BASE:
         return "base"
-    return "commands" if top in ("cli", "commands", "__main__") else top
+    return "commands" if top in ("cli", "commands", "__main__", "magics") else top
 
 
 def forbidden(graph: dict[str, set[str]]) -> list[str]:

@@ -27,6 +27,8 @@ _EXPORTS = {
     "NbaccelError": "errors",
     "notebook_launcher": "launch.launcher",
     "SlurmCluster": "launch.slurm",
+    "Ranks": "launch.session",
+    "CellError": "launch.waiter",
     "Run": "observe.records",
     "LiveView": "observe.live.view",
     "LiveTracker": "observe.hf.tracker",
@@ -52,6 +54,7 @@ __all__ = [
     "Accelerator",
     "AcceleratorState",
     "AutocastKwargs",
+    "CellError",
     "CheckpointError",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
@@ -73,6 +76,7 @@ __all__ = [
     "NbaccelError",
     "PartialState",
     "ProjectConfiguration",
+    "Ranks",
     "Recorder",
     "Run",
     "SlurmCluster",
@@ -102,7 +106,9 @@ if TYPE_CHECKING:
     from .errors import CheckpointError, LaunchError, NbaccelError
     from .lab.scaling import measure_scaling
     from .launch.launcher import notebook_launcher
+    from .launch.session import Ranks
     from .launch.slurm import SlurmCluster
+    from .launch.waiter import CellError
     from .observe.hf.callback import LiveCallback
     from .observe.hf.tracker import LiveTracker
     from .observe.live.view import LiveView
@@ -129,6 +135,16 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS, *_MODULES])
+
+
+def load_ipython_extension(shell: Any) -> None:
+    """``%load_ext nbaccel``: the ``%ranks`` and ``%%ranks`` magics (``nbaccel/magics.py``,
+    which nothing in the package imports: it is loaded by name, as IPython loads this)."""
+    importlib.import_module(".magics", __name__).load_ipython_extension(shell)
+
+
+def unload_ipython_extension(shell: Any) -> None:
+    importlib.import_module(".magics", __name__).unload_ipython_extension(shell)
 
 
 def _prestart_once_bound(*_: Any) -> None:

@@ -114,6 +114,28 @@ def shared_server() -> ForkServer:
     return server
 
 
+def take_server() -> ForkServer:
+    """A server for a ranks session alone (``session.py``): this kernel's shared one if it is
+    alive (warm: its torch is imported already), which the next launch then replaces, else a
+    new one. The session reads every report its server sends, so it shares it with no launch."""
+    server = _servers.pop(os.getpid(), None)
+    if server is not None and server.process.poll() is None:
+        return server
+    if server is not None:
+        server.sock.close()
+    return ForkServer()
+
+
+def give_back(server: ForkServer) -> None:
+    """A session's server whose workers are all gone: the kernel's shared one again if it has
+    none (and the server is alive), else closed."""
+    server.pending.clear()
+    if server.process.poll() is None and os.getpid() not in _servers:
+        _servers[os.getpid()] = server
+    else:
+        server.close(grace=1.0)
+
+
 def prestart() -> ForkServer | None:
     """Start this kernel's shared server now, and have the kernel import what a launch needs of
     torch and matplotlib once the current cell has finished, if this process is a Jupyter

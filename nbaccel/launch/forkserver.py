@@ -46,10 +46,12 @@ from .protocol import (
     Refused,
     Result,
     Signal,
+    Signalled,
     Start,
     Started,
     WorkerSpec,
     encode,
+    is_collective_failure,
     recv,
     returned,
     send,
@@ -131,7 +133,15 @@ def _handle(control, message, fds, launches, wake_r, wake_w, limits) -> None:
         send(control, Started(message.launch, tuple(pids)))
     elif isinstance(message, Signal):
         for pid in launches.get(message.launch, []):
-            _signal_group(pid, message.signal)
+            if message.group:
+                _signal_group(pid, message.signal)
+            else:
+                try:
+                    os.kill(pid, message.signal)
+                except ProcessLookupError:
+                    pass
+        if not message.group:
+            send(control, Signalled(message.launch))
 
 
 def _reap(control, launches) -> None:
@@ -215,6 +225,10 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
     listen_from_environ()  # answers "where are you?" while the function runs (stacks.py)
     keep_groups_until_exit()
     channel = Connection(channel_fd)
+    if spec.session:  # a ranks session's rank: cells until the kernel lets go
+        from .cells import serve_cells
+
+        return serve_cells(channel)
     try:
         function, args, kwargs = unpack_call(channel.recv_bytes())
         sys.argv[:] = [getattr(function, "__qualname__", repr(function))]  # not the server's
@@ -233,7 +247,7 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
     except BaseException as err:
         close_all()  # the records up to the failure reach the notebook before it does
         data = _describe(err)
-        channel.send_bytes(encode(Failure(data, _is_collective_failure(err, data.message))))
+        channel.send_bytes(encode(Failure(data, is_collective_failure(err, data.message))))
         code = 1
     finally:
         sys.stdout.flush()
@@ -265,23 +279,6 @@ def _exit_status(exit_: SystemExit) -> tuple[int, str]:
         return 1, str(exit_.code)
     except Exception:
         return 1, f"<unprintable {type(exit_.code).__name__}>"
-
-
-def _is_collective_failure(err: BaseException, text: str) -> bool:
-    """True for the errors a rank gets because *another* rank died mid-collective (``text``:
-    the error's message, read once, safely, by ``ExceptionData.of``)."""
-    import torch.distributed as dist
-
-    backend_errors = tuple(
-        getattr(dist, name)
-        for name in ("DistBackendError", "DistNetworkError")
-        if hasattr(dist, name)
-    )
-    text = text.lower()
-    hints = ("connection closed by peer", "connection reset", "broken pipe", "socket", "gloo")
-    return isinstance(err, backend_errors) or (
-        isinstance(err, RuntimeError) and any(h in text for h in hints)
-    )
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ class WorkerSpec:
     sys_path: list[str]
     threads: int  # torch.set_num_threads
     local_rank: int
+    session: bool = False  # a ranks session's rank: it serves cells (``cells.py``), no function
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,20 @@ class Start:
 
 @dataclass(frozen=True)
 class Signal:
-    """Launcher -> server: send ``signal`` to every live worker of ``launch``."""
+    """Launcher -> server: send ``signal`` to every live worker of ``launch``: to each one's
+    process group (its DataLoader workers too), or with ``group=False`` to the workers alone,
+    and then the server answers ``Signalled`` (the signal is pending in each by then)."""
 
     launch: int
     signal: int
+    group: bool = True
+
+
+@dataclass(frozen=True)
+class Signalled:
+    """Server -> launcher: the ``Signal`` with ``group=False`` for ``launch`` was sent."""
+
+    launch: int
 
 
 @dataclass(frozen=True)
@@ -200,6 +211,22 @@ def returned(value: Any) -> Result:
     return Result(payload, type_name(value))
 
 
+def is_collective_failure(err: BaseException, text: str) -> bool:
+    """An error a rank gets when *another* rank died in a collective? (``text``: its message)"""
+    import torch.distributed as dist
+
+    backend_errors = tuple(
+        getattr(dist, name)
+        for name in ("DistBackendError", "DistNetworkError")
+        if hasattr(dist, name)
+    )
+    text = text.lower()
+    hints = ("connection closed by peer", "connection reset", "broken pipe", "socket", "gloo")
+    return isinstance(err, backend_errors) or (
+        isinstance(err, RuntimeError) and any(h in text for h in hints)
+    )
+
+
 @dataclass(frozen=True)
 class Result:
     """Worker -> launcher: the function returned; ``value`` is its cloudpickle and ``type``
@@ -221,8 +248,41 @@ class Failure:
     exit_code: int | None = None  # a SystemExit's: the worker may be stopped before it exits
 
 
-MESSAGES = (Start, Signal, Started, Refused, Exited, Result, Failure)
-Message = Start | Signal | Started | Refused | Exited | Result | Failure
+# -- a ranks session: the kernel and each rank, on the rank's message socket ---------------------
+@dataclass(frozen=True)
+class Cell:
+    """Kernel -> rank: run ``source`` (compiled as ``filename``); or ``push`` these names into
+    its namespace; or ``pull`` a name's value. Its ``Done`` echoes ``number``."""
+
+    number: int
+    source: str = ""
+    filename: str = "<ranks cell>"
+    push: bytes | None = None
+    pull: str | None = None
+
+
+@dataclass(frozen=True)
+class Display:
+    """Rank -> kernel: rich output (a figure, ``display(x)``) as a MIME bundle, text values."""
+
+    data: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Done:
+    """Rank -> kernel: request ``number`` finished: ``failure`` if it raised (``interrupted``:
+    by the stop button), ``value`` for a pull. Number 0 is the rank's start: its group joined."""
+
+    number: int
+    failure: Failure | None = None
+    value: Result | None = None
+    interrupted: bool = False
+
+
+_LAUNCH = (Start, Signal, Signalled, Started, Refused, Exited, Result, Failure)
+MESSAGES = (*_LAUNCH, Cell, Display, Done)  # and a ranks session's
+Message = Start | Signal | Signalled | Started | Refused | Exited | Result | Failure
+Message = Message | Cell | Display | Done  # a ranks session's
 
 
 # -- framing -------------------------------------------------------------------------------------

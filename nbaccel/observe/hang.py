@@ -49,6 +49,7 @@ PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNERS = (
     os.path.join(PACKAGE, "launch", "forkserver.py"),
     os.path.join(PACKAGE, "launch", "slurm", "node.py"),
+    os.path.join(PACKAGE, "launch", "cells.py"),  # a ranks session's rank
 )
 RECORD_LAG = 0.5  # seconds of steps a rank may have made but not yet sent (two record paces)
 

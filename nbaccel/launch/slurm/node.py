@@ -275,7 +275,7 @@ def work(payload: bytes, folder: str) -> tuple[int, tuple]:
 
 def _write_error(rank: int, folder: str, exc: BaseException, exit_code: int | None = None,
                  message: str | None = None) -> None:  # fmt: skip
-    from ..forkserver import _is_collective_failure
+    from ..protocol import is_collective_failure
 
     report = {
         "rank": rank,
@@ -285,6 +285,6 @@ def _write_error(rank: int, folder: str, exc: BaseException, exit_code: int | No
         "exc_type": type(exc).__name__,
         "message": str(exc) if message is None else message,
         "traceback": traceback.format_exc(),
-        "secondary": _is_collective_failure(exc, str(exc)),  # a peer died: not the cause
+        "secondary": is_collective_failure(exc, str(exc)),  # a peer died: not the cause
     }
     write_sealed(error_path(Path(folder), rank), bytes.fromhex(os.environ[JOB_KEY_VAR]), report)

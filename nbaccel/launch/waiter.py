@@ -1,0 +1,369 @@
+"""One request of a ranks session, from the kernel's side: wait for the ranks and say what they did.
+
+``Waiter.wait`` watches every rank's output pipes, message socket and metrics socket, and the
+fork server's reports, until each rank the request went to has answered (``Done``). It relays
+output with rank labels (``relay.py``), shows rich output, feeds the live panel, and decides:
+the stop button, the cell's timeout, a hang (a rank in a collective that an idle rank cannot
+join) and a death, as ``session.py`` describes. Every press of the stop button while it waits
+is counted, never raised mid-read, so no message is ever cut in half.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from ..errors import LaunchError, RankFailure, by_priority, root_cause_report
+from ..observe.channel import decode as decode_records
+from ..observe.hang import ask, where
+from ..observe.records import Run
+from . import memory
+from .protocol import Cell, Display, Done, Exited, Signal, Signalled, decode, encode, recv, send
+
+INTERRUPT_S = 5.0  # after the stop button's SIGINT: ranks still in the cell then are stuck
+GRACE_S = 3.0  # between SIGTERM and SIGKILL, as a launch's
+LEAVE_S = 2.0  # for idle ranks to leave by themselves when the session stops
+
+
+class CellError(LaunchError):
+    """A ranks cell failed: a rank raised, died, or (``hung``) did not end the cell. A notebook
+    shows the message alone."""
+
+    def __init__(self, summary: str, failures: list[RankFailure] | None = None,
+                 hung: bool = False, stacks: dict | None = None) -> None:  # fmt: skip
+        super().__init__(summary, failures, stacks=stacks)
+        self.hung = hung
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of our frames
+        lines = f"{type(self).__name__}: {self}".splitlines()
+        return lines + list(getattr(self, "__notes__", []))
+
+
+@dataclass
+class _Rank:
+    rank: int
+    out: int  # read ends of its stdout and stderr pipes
+    err: int
+    channel: Connection
+    metrics: socket.socket
+    pid: int | None = None
+    exit_code: int | None = None
+    busy: int | None = None  # the request it has not answered yet
+    last: int | None = None  # the last cell it finished
+
+    def __post_init__(self) -> None:
+        os.set_blocking(self.out, False)
+        os.set_blocking(self.err, False)
+
+    def send(self, message) -> None:
+        self.channel.send_bytes(encode(message))
+        self.busy = message.number
+
+    def close(self) -> None:
+        for fd in (self.out, self.err):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.channel.close()
+        self.metrics.close()
+
+
+class Waiter:
+    def __init__(self, session, number: int, targets: list[int], limit: float | None,
+                 what: str) -> None:  # fmt: skip
+        self.s, self.number, self.limit, self.what = session, number, limit, what
+        self.cell = session.labels.get(number, number)  # as the notebook numbers it
+        self.pending, self.done = set(targets), {}
+        self.run, self.view = Run(), None
+        self.run.world_size, self.run.device = len(session.ranks), session.device
+        self.presses, self.interrupted, self.timed_out = 0, None, False
+        self.dead: list[_Rank] = []
+        self.started = time.monotonic()
+        idle = [r for r in session.ranks if r.rank not in targets and r.busy is None]
+        self.idle_since = self.started if idle else None
+        self.next_look, self.report = 0.0, None  # when to ask where ranks are; the last answer
+
+    # -- the loop -------------------------------------------------------------------------------
+    def wait(self, message: Cell | None = None) -> dict[int, Done]:
+        """Send ``message`` to the ranks (the stop button counted already: never half sent),
+        then wait for their answers and judge them."""
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, self._press) if main else None
+        selector = selectors.DefaultSelector()
+        try:
+            for rank in sorted(self.pending) if message is not None else ():
+                with contextlib.suppress(OSError):  # it died: the server's report says how
+                    self.s.ranks[rank].send(message)
+            for r in self.s.ranks:
+                for fd in (r.out, r.err):
+                    selector.register(fd, selectors.EVENT_READ, (r, fd))
+                if not r.channel.closed:
+                    selector.register(r.channel, selectors.EVENT_READ, (r, "channel"))
+                selector.register(r.metrics, selectors.EVENT_READ, (r, "metrics"))
+            selector.register(self.s.server.sock, selectors.EVENT_READ, (None, "server"))
+            hung = self._loop(selector)
+        finally:
+            selector.close()
+            if main:
+                signal.signal(signal.SIGINT, previous)
+            self._end_output()
+        return self._verdict(hung)
+
+    def _loop(self, selector) -> str | None:
+        while self.pending and not self.dead:
+            now = time.monotonic()
+            if self.presses and self.what == "start":
+                return "interrupt"  # nothing of the user's runs yet: the start is abandoned
+            if (self.presses or self._late(now)) and self.interrupted is None:
+                self._interrupt(now)
+            if self.interrupted is not None and (
+                self.presses > 1 or now - self.interrupted > INTERRUPT_S
+            ):
+                return "interrupt"
+            if self._stalled(now):
+                return "stall"
+            while self.s.server.pending:
+                self._on_server(self.s.server.pending.pop(0))
+            for key, _ in selector.select(timeout=0.1):
+                r, what = key.data
+                if what == "server":
+                    try:
+                        self._on_server(recv(self.s.server.sock)[0])
+                    except (EOFError, OSError):  # the server died, and its workers with it
+                        self._lost_server(selector)
+                elif what == "channel":
+                    self._on_channel(r, selector)
+                elif what == "metrics":
+                    self._on_metrics(r)
+                else:
+                    self._read(r, what)
+        return None
+
+    def _press(self, *_) -> None:  # the stop button, counted: never raised mid-read
+        self.presses += 1
+
+    def _late(self, now: float) -> bool:
+        self.timed_out = self.limit is not None and now - self.started > self.limit
+        return self.timed_out
+
+    def _interrupt(self, now: float) -> None:
+        """SIGINT to the session's ranks (those between cells ignore it), then wait for the
+        server's word that it is sent: no late signal can reach the next cell."""
+        self.interrupted = now
+        server = self.s.server
+        send(server.sock, Signal(self.s.id, signal.SIGINT, group=False))
+        while True:
+            message, _ = recv(server.sock)
+            if isinstance(message, Signalled):
+                return
+            server.pending.append(message)
+
+    def _stalled(self, now: float) -> bool:
+        """A rank waits in a collective while another is idle: for a peer that cannot come."""
+        timeout = self.s.stall_timeout
+        if timeout is None or self.idle_since is None or self.interrupted is not None:
+            return False
+        if now - self.idle_since < timeout or now < self.next_look:
+            return False
+        self.next_look = now + timeout
+        report = self._ask()
+        self.report = report
+        return any(where(s).collective for s in report.stacks.values() if s is not None)
+
+    # -- events ---------------------------------------------------------------------------------
+    def _on_channel(self, r: _Rank, selector) -> None:
+        try:
+            message = decode(r.channel.recv_bytes())
+        except (EOFError, OSError):
+            selector.unregister(r.channel)  # it died: the server's report says how
+            return
+        if isinstance(message, Display):
+            self._read(r, r.out)  # what it printed before comes first
+            self._show(r, message.data)
+        elif isinstance(message, Done):
+            r.busy = None
+            if message.number == self.number and r.rank in self.pending:
+                self.pending.discard(r.rank)
+                self.done[r.rank] = message
+                r.last = self.cell if self.number in self.s.labels else r.last
+                self.idle_since = self.idle_since or time.monotonic()
+                self._read(r, r.out)
+                self._read(r, r.err)
+            else:
+                self._said_late(r, message)
+
+    def _said_late(self, r: _Rank, done: Done) -> None:
+        r.last = self.s.labels.get(done.number, done.number)
+        how = "without an error"
+        if done.failure is not None:
+            how = f"with {done.failure.exception.type}: {done.failure.exception.message}"
+        self._say(f"rank {r.rank} finished cell {r.last} late, {how} (the cell had "
+                  "already ended without it).")  # fmt: skip
+
+    def _on_server(self, message) -> None:
+        if not isinstance(message, Exited):
+            return
+        for r in self.s.ranks:
+            if r.pid == message.pid and r.exit_code is None:
+                r.exit_code = message.code
+                self.dead.append(r)
+
+    def _lost_server(self, selector) -> None:
+        selector.unregister(self.s.server.sock)
+        for r in self.s.ranks:
+            if r.exit_code is None:
+                r.exit_code = -signal.SIGKILL
+                self.dead.append(r)
+        self.s.broken = (f"nbaccel's fork server (pid {self.s.server.process.pid}) stopped, "
+                         "and the ranks with it.")  # fmt: skip
+
+    def _on_metrics(self, r: _Rank) -> None:
+        while True:
+            try:
+                datagram = r.metrics.recv(1 << 16)
+            except (BlockingIOError, OSError):
+                break
+            records, rank, dropped = decode_records(datagram)
+            self.run.add(records)
+            self.run.dropped[rank] = dropped
+        if self.run.records and self.s.live:
+            if self.view is None:
+                from ..observe.live.view import LiveView
+
+                self.view = LiveView()
+            self.view.update(self.run)
+
+    def _read(self, r: _Rank, fd: int) -> None:
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except (BlockingIOError, OSError):
+                return
+            self.s.relay.feed(fd, data)
+            if not data:
+                return
+
+    def _show(self, r: _Rank, data: dict[str, str]) -> None:
+        if self.s.relay.output == "main" and r.rank != 0:
+            return
+        self.s.relay.end_line()
+        shell = _shell()
+        if shell is None or set(data) == {"text/plain"}:
+            print(f"[rank {r.rank}] {data.get('text/plain', '')}", flush=True)
+            return
+        if r.rank != 0:
+            print(f"[rank {r.rank}]:", flush=True)
+        from IPython.display import publish_display_data
+
+        publish_display_data(data)
+
+    def _end_output(self) -> None:
+        relay = self.s.relay
+        for r in self.s.ranks:
+            for fd in (r.out, r.err):
+                self._read(r, fd)
+                if relay.partial.get(fd):
+                    relay.feed(fd, b"")  # a last line without its newline: shown now
+        relay.end_line()
+        for r in self.s.ranks:  # the records sent before each Done
+            self._on_metrics(r)
+        self.run.finished = time.time()
+        if self.view is not None:
+            self.view.close(self.run)
+
+    def _say(self, text: str) -> None:
+        self.s.relay.end_line()
+        print(f"nbaccel: {text}", file=sys.stderr, flush=True)
+
+    def _ask(self):
+        return ask(self.s.stacks_dir, sorted(self.pending), [], self.run)
+
+    # -- the verdict ----------------------------------------------------------------------------
+    def _verdict(self, hung: str | None) -> dict[int, Done]:
+        if self.dead:
+            raise self._death()
+        if hung and self.what == "start":
+            raise KeyboardInterrupt
+        if hung:
+            raise self._hang(hung)
+        failures = [self._failure(r, d) for r, d in sorted(self.done.items()) if d.failure]
+        if not failures:
+            if self.presses:  # pressed as the ranks finished: the cell still stops here
+                raise KeyboardInterrupt
+            return self.done
+        stopped = all(d.interrupted for d in self.done.values() if d.failure)
+        if stopped and (self.presses or self.timed_out):
+            places = "; ".join(_at(r, d) for r, d in sorted(self.done.items()) if d.failure)
+            if self.timed_out:
+                raise CellError(f"cell {self.cell} ran past its timeout ({self.limit:g} s) "
+                                f"and was interrupted: {places}. The ranks keep their state.",
+                                failures)  # fmt: skip
+            self._say(f"cell {self.cell} interrupted: {places}. The ranks keep their state.")
+            raise KeyboardInterrupt
+        finished = [r for r, d in self.done.items() if not d.failure]
+        failures = by_priority(failures, [f.rank for f in failures])
+        report = root_cause_report(failures, set(), finished)
+        if self.what == "start":
+            raise CellError(f"the ranks could not start: {report}", failures)
+        raise CellError(f"{report}\n\nThe ranks keep their state: the next cell runs on them.",
+                        failures)  # fmt: skip
+
+    def _failure(self, rank: int, done: Done) -> RankFailure:
+        r, exc = self.s.ranks[rank], done.failure.exception
+        return RankFailure(rank, r.pid, None, exc.type, exc.message, exc.format(),
+                           secondary=done.failure.collective)  # fmt: skip
+
+    def _death(self) -> CellError:
+        deaths = [RankFailure(r.rank, r.pid, r.exit_code) for r in self.dead]
+        others = [self._failure(r, d) for r, d in sorted(self.done.items()) if d.failure]
+        failures = deaths + [f for f in others if f.rank not in {d.rank for d in deaths}]
+        during = f"during cell {self.cell}" if self.what == "cell" else "as the ranks started"
+        self.s.broken = self.s.broken or (
+            f"{deaths[0].describe()} {during}; the other ranks were stopped."
+        )
+        hint = ""
+        if deaths[0].exit_code == -signal.SIGKILL:  # nbaccel sends none here: memory, most often
+            hint = "\n" + memory.killed_hint(deaths[0].rank, self.run, self.s.memory_start)
+        return CellError(
+            f"{self.s.broken} A process group that lost a rank cannot be trusted: %ranks "
+            f"restart (Ranks.restart()) starts fresh ranks; their state is lost.{hint}",
+            failures,
+        )
+
+    def _hang(self, how: str) -> CellError:
+        report = self._ask() if how == "interrupt" else self.report
+        stuck = sorted(self.pending)
+        idle = [r.rank for r in self.s.ranks if r.busy is None]
+        if how == "interrupt":
+            cause = "timeout" if self.timed_out else "stop button"
+            why = f"did not end the cell within {INTERRUPT_S:g} s of the {cause}"
+        else:
+            why = f"waited {self.s.stall_timeout:g} s in a collective while other ranks were idle"
+        ranks = ", ".join(map(str, stuck))
+        keep = f"rank(s) {ranks} stay in cell {self.cell}"
+        if idle:
+            keep += (f": the collective they wait in ends when the idle ranks {idle} call it too "
+                     f"(%%ranks {','.join(map(str, idle))}); or")  # fmt: skip
+        keep += " %ranks restart for fresh ranks."
+        return CellError(f"cell {self.cell}: rank(s) {ranks} {why}. {report}\n\n{keep}",
+                         hung=True, stacks=report.stacks)  # fmt: skip
+
+
+def _at(rank: int, done: Done) -> str:
+    frames = done.failure.exception.frames
+    if not frames:
+        return f"rank {rank}"
+    _, line, function, _ = frames[-1]
+    return f"rank {rank} at line {line} of {'the cell' if function == '<module>' else function}"
+
+
+def _shell():  # a Jupyter kernel's, which can show rich output
+    shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+    return shell if hasattr(shell, "kernel") else None
