@@ -8,6 +8,7 @@ of the finished runs go to ``artifacts/browser/`` (ignored by git).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -103,9 +104,8 @@ def _require_browser() -> None:
 
 @pytest.fixture
 def server(tmp_path_factory):
-    """JupyterLab (which also serves Notebook 7) on 127.0.0.1, a free port, no token, on a copy
-    of the lesson's start (through its first launch) with its outputs cleared; stopped, with its
-    kernels, at the end."""
+    """JupyterLab on a copy of the lesson's start (through its first launch) with its outputs
+    cleared, and on the what-if notebook (``lab_server``)."""
     _require_browser()
     home = tmp_path_factory.mktemp("lab")
     root = home / "notebooks"  # what the file browser shows: the lesson alone
@@ -127,6 +127,15 @@ def server(tmp_path_factory):
     notebook["cells"] = [PROBE_CELL, *cells[: after + 1]]
     (root / LESSON).write_text(json.dumps(notebook))
     (root / WHATIF).write_text(json.dumps(whatif_notebook()))
+    with lab_server(home, root) as url:
+        yield url, root
+
+
+@contextlib.contextmanager
+def lab_server(home: Path, root: Path):
+    """JupyterLab (which also serves Notebook 7) on 127.0.0.1, a free port, no token, showing
+    ``root``, its state under ``home``; yields its URL, and stops it with its kernels at the
+    end."""
     for name, value in SETTINGS.items():
         path = home / "settings" / f"{name}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,7 +169,7 @@ def server(tmp_path_factory):
             assert process.poll() is None, (home / "server.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "JupyterLab did not start in 90 s"
             time.sleep(0.2)
-        yield url, root
+        yield url
     finally:
         _stop(process)
         log.close()
