@@ -45,6 +45,8 @@ import tempfile
 import time
 from typing import Any, Literal
 
+import psutil
+
 from ..config import LaunchConfig, check_seconds, load_config
 from ..env import LAUNCH_VAR, STACKS_VAR, device_label
 from ..errors import NbaccelError, RankFailure
@@ -334,9 +336,17 @@ def _hear(server: client.ForkServer, ranks: list[_Rank], timeout: float) -> None
 
 
 def poll_deaths(session: Ranks) -> None:
-    """A rank that died between cells: the session is broken, and the others end."""
+    """What the ranks said since the last request; and a rank that died between cells: the
+    session is broken, and the others end. A rank whose process is gone is waited for until
+    the server's report of it arrives (the server reaps it), so the death is said here."""
     before = {r.rank for r in session.ranks if r.exit_code is not None}
+    if session.broken is None:
+        Waiter(session, 0, [], None, "late").drain()
+    gone = [r for r in session.ranks if r.exit_code is None and not _running(r.pid)]
     _hear(session.server, session.ranks, 0)
+    deadline = time.monotonic() + START_S  # a hang guard: the report follows the reaping
+    while any(r.exit_code is None for r in gone) and time.monotonic() < deadline:
+        _hear(session.server, session.ranks, 0.1)
     dead = [r for r in session.ranks if r.exit_code is not None and r.rank not in before]
     if dead and session.broken is None:
         failure = RankFailure(dead[0].rank, dead[0].pid, dead[0].exit_code)
@@ -345,3 +355,11 @@ def poll_deaths(session: Ranks) -> None:
             session.broken = (f"nbaccel's fork server (pid {session.server.process.pid}) "
                               "stopped between cells, and the ranks with it.")  # fmt: skip
         end_ranks(session.server, session.id, session.ranks, gentle=False)
+
+
+def _running(pid: int | None) -> bool:
+    """Whether ``pid`` runs (a zombie does not: it died, and awaits its reaping)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, ValueError):
+        return False

@@ -101,14 +101,7 @@ class Waiter:
             for rank in sorted(self.pending) if message is not None else ():
                 with contextlib.suppress(OSError):  # it died: the server's report says how
                     self.s.ranks[rank].send(message)
-            for r in self.s.ranks:
-                for fd in (r.out, r.err):
-                    selector.register(fd, selectors.EVENT_READ, (r, fd))
-                if not r.channel.closed:
-                    selector.register(r.channel, selectors.EVENT_READ, (r, "channel"))
-                selector.register(r.metrics, selectors.EVENT_READ, (r, "metrics"))
-            selector.register(self.s.server.sock, selectors.EVENT_READ, (None, "server"))
-            hung = self._loop(selector)
+            hung = self._loop(self._watch(selector))
         finally:
             selector.close()
             if main:
@@ -116,10 +109,27 @@ class Waiter:
             self._end_output()
         return self._verdict(hung)
 
-    def _loop(self, selector) -> str | None:
-        while self.pending and not self.dead:
+    def drain(self) -> None:
+        """Between cells: what the ranks sent meanwhile (a stuck rank's late report, output
+        from their threads) read and said now, without waiting for anything."""
+        with selectors.DefaultSelector() as selector:
+            self._loop(self._watch(selector), once=True)
+        self._end_output()
+
+    def _watch(self, selector):
+        for r in self.s.ranks:
+            for fd in (r.out, r.err):
+                selector.register(fd, selectors.EVENT_READ, (r, fd))
+            if not r.channel.closed:
+                selector.register(r.channel, selectors.EVENT_READ, (r, "channel"))
+            selector.register(r.metrics, selectors.EVENT_READ, (r, "metrics"))
+        selector.register(self.s.server.sock, selectors.EVENT_READ, (None, "server"))
+        return selector
+
+    def _loop(self, selector, once: bool = False) -> str | None:
+        while (self.pending or once) and not self.dead:
             now = time.monotonic()
-            if self.presses and self.what == "start":
+            if self.what == "start" and (self.presses or self._late(now)):
                 return "interrupt"  # nothing of the user's runs yet: the start is abandoned
             if (self.presses or self._late(now)) and self.interrupted is None:
                 self._interrupt(now)
@@ -131,7 +141,7 @@ class Waiter:
                 return "stall"
             while self.s.server.pending:
                 self._on_server(self.s.server.pending.pop(0))
-            for key, _ in selector.select(timeout=0.1):
+            for key, _ in selector.select(timeout=0 if once else 0.1):
                 r, what = key.data
                 if what == "server":
                     try:
@@ -144,6 +154,8 @@ class Waiter:
                     self._on_metrics(r)
                 else:
                     self._read(r, what)
+            if once:
+                return None
         return None
 
     def _press(self, *_) -> None:  # the stop button, counted: never raised mid-read
@@ -158,12 +170,12 @@ class Waiter:
         server's word that it is sent: no late signal can reach the next cell."""
         self.interrupted = now
         server = self.s.server
-        send(server.sock, Signal(self.s.id, signal.SIGINT, group=False))
-        while True:
-            message, _ = recv(server.sock)
-            if isinstance(message, Signalled):
-                return
-            server.pending.append(message)
+        try:
+            send(server.sock, Signal(self.s.id, signal.SIGINT, group=False))
+            while not isinstance(message := recv(server.sock)[0], Signalled):
+                server.pending.append(message)
+        except (EOFError, OSError):
+            self._lost_server()
 
     def _stalled(self, now: float) -> bool:
         """A rank waits in a collective while another is idle: for a peer that cannot come."""
@@ -215,13 +227,15 @@ class Waiter:
                 r.exit_code = message.code
                 self.dead.append(r)
 
-    def _lost_server(self, selector) -> None:
-        selector.unregister(self.s.server.sock)
+    def _lost_server(self, selector=None) -> None:
+        if selector is not None:
+            selector.unregister(self.s.server.sock)
         for r in self.s.ranks:
             if r.exit_code is None:
                 r.exit_code = -signal.SIGKILL
                 self.dead.append(r)
-        self.s.broken = (f"nbaccel's fork server (pid {self.s.server.process.pid}) stopped, "
+        when = " between cells" if self.what == "late" else ""
+        self.s.broken = (f"nbaccel's fork server (pid {self.s.server.process.pid}) stopped{when}, "
                          "and the ranks with it.")  # fmt: skip
 
     def _on_metrics(self, r: _Rank) -> None:
@@ -289,6 +303,10 @@ class Waiter:
     def _verdict(self, hung: str | None) -> dict[int, Done]:
         if self.dead:
             raise self._death()
+        if hung and self.what == "start" and self.timed_out:
+            late = sorted(self.pending)
+            raise CellError(f"ranks {late} did not join their process group within "
+                            f"{self.limit:g} s. {self._ask()}")  # fmt: skip
         if hung and self.what == "start":
             raise KeyboardInterrupt
         if hung:

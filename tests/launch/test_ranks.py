@@ -122,7 +122,8 @@ def test_a_rank_alone_in_a_collective_is_reported_and_its_peer_can_free_it():
         with pytest.raises(NbaccelError, match="rank 0 is still in cell"):
             ranks.run("pass")  # every rank: rank 0 cannot take it
         ranks.run("dist.all_reduce(x)", ranks=1)  # the collective rank 0 waits in
-        ranks.run("pass")  # rank 0 is free again (its late report is read first)
+        idle(ranks, 0)  # its late report arrives once its all_reduce returns
+        ranks.run("pass")
         assert [float(v) for v in ranks.pull("x")] == [3.0, 3.0]
 
 
@@ -180,6 +181,14 @@ def test_stop_ends_every_rank():
         session.run("pass")
 
 
+def idle(session: Ranks, rank: int) -> None:
+    """Wait until ``rank`` has reported its cell (a hang guard: it ends in milliseconds)."""
+    deadline = time.monotonic() + 60
+    while session.status()[rank]["state"] != "idle":
+        assert time.monotonic() < deadline, f"rank {rank} never reported its cell"
+        time.sleep(0.02)
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -214,6 +223,7 @@ def test_the_stop_button_on_a_rank_stuck_in_a_collective_reports_it_and_keeps_it
         assert caught.value.hung and "stop button" in str(caught.value)
         assert "rank 0 waits in `all_reduce`" in str(caught.value)
         ranks.run("dist.all_reduce(x)", ranks=1)  # frees rank 0, whose cell then stops
+        idle(ranks, 0)
         ranks.run("pass")
         assert [float(v) for v in ranks.pull("x")] == [3.0, 3.0]
 

@@ -173,3 +173,26 @@ def test_a_cell_that_trains_draws_the_live_panel(kernel):
     out = kernel.run(cell)
     assert out.error is None, out.error
     assert out.images or any("loss" in text for text in out.texts), out
+
+
+def test_the_stop_button_while_the_ranks_start_leaves_nothing_and_the_next_start_works(tmp_path):
+    """A kernel without a prestarted server: the start takes seconds (the server imports torch),
+    and the press lands somewhere in it; wherever it lands, the cell ends with KeyboardInterrupt
+    and nothing of the start is left."""
+    with kernel_with(str(tmp_path), "%load_ext nbaccel", env={"NBACCEL_PRESTART": "0"}) as kernel:
+        cell = kernel.start("%ranks start 2 --cpu")
+        while True:  # the cell runs once the kernel says it is busy with it
+            message = kernel.client.get_iopub_msg(timeout=60)
+            if message["parent_header"].get("msg_id") == cell and (
+                message["msg_type"] == "status"
+                and message["content"]["execution_state"] == "busy"
+            ):
+                break
+        kernel.manager.interrupt_kernel()
+        out = kernel.finish(cell, timeout=60)
+        assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+        no_workers_left(kernel)
+        pids = started(kernel)
+        assert len(pids) == 2
+        kernel.run("%ranks stop")
+        no_workers_left(kernel)
