@@ -11,8 +11,9 @@ Thin over ``Ranks`` (``launch/session.py``): it parses and displays, nothing els
     %ranks restart                # fresh ranks and group;  %ranks stop: none left
 
 ``%ranks start`` takes ``notebook_launcher``'s options where they apply (``--cpu``,
-``--mixed-precision``, ``--timeout``, ``--output``) and the session's own (``--stall-timeout``,
-``--on-hang keep|restart``, ``--no-live``); ``%%ranks`` takes ranks and ``--output``.
+``--mixed-precision``, ``--fsdp``, ``--deepspeed``, ``--zero-stage``, ``--timeout``,
+``--output``) and the session's own (``--stall-timeout``, ``--on-hang keep|restart``,
+``--no-live``); ``%%ranks`` takes ranks and ``--output``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def _start_parser() -> _Parser:
     parser.add_argument("--stall-timeout", type=float, default=10.0)
     parser.add_argument("--on-hang", choices=("keep", "restart"), default="keep")
     parser.add_argument("--no-live", dest="live", action="store_false")
+    parser.add_argument("--fsdp", action="store_true", default=None)
+    parser.add_argument("--deepspeed", action="store_true", default=None)
+    parser.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3))
     return parser
 
 

@@ -74,7 +74,8 @@ class Ranks:
 
     Args:
         num_processes: ranks on this machine (default as ``notebook_launcher``'s).
-        cpu, mixed_precision: the defaults of ``Accelerator()`` on the ranks.
+        cpu, mixed_precision, fsdp, deepspeed, zero_stage: the defaults of ``Accelerator()``
+            on the ranks, as ``notebook_launcher``'s.
         timeout: seconds a cell may run; then it is stopped as by the stop button. None: no limit.
         output: ``"all"`` ranks' lines, or ``"main"`` (rank 0's); a cell may choose its own.
         stall_timeout: seconds a rank may wait in a collective while another rank is idle (so
@@ -94,8 +95,13 @@ class Ranks:
         stall_timeout: float = 10.0,
         on_hang: Literal["keep", "restart"] = "keep",
         live: bool = True,
+        fsdp: bool | None = None,
+        deepspeed: bool | None = None,
+        zero_stage: int | None = None,
     ) -> None:
-        self.timeout = check_seconds("timeout", timeout, "600", none="no limit", default=False)
+        self.timeout = check_seconds(
+            "timeout", timeout, "600", none="let a cell run as long as it takes", default=False
+        )
         self.stall_timeout = check_seconds("stall_timeout", stall_timeout, "10", none="never")
         for name, value, allowed in (("output", output, ("all", "main")),
                                      ("on_hang", on_hang, ("keep", "restart"))):  # fmt: skip
@@ -103,8 +109,8 @@ class Ranks:
                 raise NbaccelError(f"{name}={value!r}: give one of {', '.join(allowed)}")
         self.output, self.on_hang, self.live = output, on_hang, bool(live)
         self.config = LaunchConfig.from_arguments(
-            num_processes=num_processes, mixed_precision=mixed_precision, cpu=cpu,
-            defaults=load_config(),
+            num_processes=num_processes, mixed_precision=mixed_precision, cpu=cpu, fsdp=fsdp,
+            deepspeed=deepspeed, zero_stage=zero_stage, defaults=load_config(),
         )  # fmt: skip
         self.device = device_label("cuda" if self.config.gpus else "cpu")  # the ranks' choice
         self.ranks: list[_Rank] = []

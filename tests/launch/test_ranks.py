@@ -245,3 +245,11 @@ def test_a_fork_server_that_died_is_said_and_restart_starts_a_new_one(ranks):
     ranks.restart()
     ranks.run("x = torch.tensor([rank + 1.0])\ndist.all_reduce(x)")
     assert [float(v) for v in ranks.pull("x")] == [3.0, 3.0]
+
+
+def test_the_launch_defaults_reach_an_accelerator_made_in_a_cell():
+    with Ranks(2, cpu=True, live=False, fsdp=True, mixed_precision="bf16") as ranks:
+        ranks.run("from nbaccel import Accelerator\na = Accelerator()")
+        ranks.run("kind, precision = a.distributed_type.value, a.mixed_precision")
+        assert ranks.pull("kind") == ["FSDP", "FSDP"]
+        assert ranks.pull("precision") == ["bf16", "bf16"]
