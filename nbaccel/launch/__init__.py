@@ -7,7 +7,9 @@
   launcher's handle on it;
 * ``protocol``: every message between them, one frozen dataclass each;
 * ``rendezvous``: the store where the ranks meet;
-* ``torchrun``: the script path, torch's own elastic launcher as a child process.
+* ``torchrun``: the script path, torch's own elastic launcher as a child process;
+* ``session`` and ``waiter``: a ranks session (``Ranks``, ``%%ranks``), workers that stay
+  across cells, and one request to them; ``cells`` and ``figures``: a session's rank.
 
 This folder imports the base modules and ``nbaccel.observe``; ``nbaccel.accelerator`` only in
 the fork server, to import it once before forking.
