@@ -3,6 +3,10 @@
 _PART_5 = (
     "# Check: every rank ends on the same weights, and they match one process on the global batch"
 )
+_PART_6 = (
+    "# Check: the ranks' local gradients differ; after DDP's backward both ranks hold their"
+    " average,"
+)
 MUTANTS = [
     # (the check cell's first line, exactly; code run before the check's source; the mistake)
     (
@@ -23,6 +27,32 @@ MUTANTS = [
         "single, states = _slow, [_slow.state_dict()] * WORKERS",
         "both runs at half the learning rate (the loss divided by N on top of DDP's average):"
         " the two agree with each other, not with one process at the lesson's learning rate",
+    ),
+    # section 6: the gradients of one step, pulled from the ranks (local_grads, ddp_grads)
+    (
+        _PART_6,
+        "ddp_grads = local_grads",
+        "the model not wrapped in DDP: each rank kept its own local gradient",
+    ),
+    (
+        _PART_6,
+        "ddp_grads = [local_grads[0] + local_grads[1]] * 2",
+        "the gradients summed across the ranks, not averaged",
+    ),
+    (
+        _PART_6,
+        "ddp_grads = [grad / 2 for grad in ddp_grads]",
+        "each rank's loss divided by N on top of DDP's average: half the gradient",
+    ),
+    (
+        _PART_6,
+        "local_grads = ddp_grads",
+        "the local gradients read after DDP's backward (the copy sharing DDP's parameters)",
+    ),
+    (
+        _PART_6,
+        "local_grads = ddp_grads = [local_grads[0]] * 2",
+        "every rank took rank 0's batch (a slice not chosen by rank): nothing to average",
     ),
 ]
 
