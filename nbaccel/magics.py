@@ -76,7 +76,7 @@ class RanksMagics:
         self.session: Ranks | None = None
 
     def line(self, line: str):
-        words = shlex.split(line)
+        words = shlex.split(line, comments=True)  # "%ranks push lr  # why" pushes lr
         command, rest = (words[0], words[1:]) if words else ("status", [])
         usable = command in ("start", "stop", "restart", "status") or (
             (command == "pull" and len(rest) == 1) or (command == "push" and rest)
@@ -115,7 +115,7 @@ class RanksMagics:
         return None
 
     def cell(self, line: str, cell: str) -> None:
-        options = _cell_parser().parse_args(shlex.split(line))
+        options = _cell_parser().parse_args(shlex.split(line, comments=True))
         session = self._session()
         number = self.shell.execution_count
         filename = self.shell.compile.cache(cell, number)  # tracebacks and reports: "cell N"

@@ -196,3 +196,12 @@ def test_the_stop_button_while_the_ranks_start_leaves_nothing_and_the_next_start
         assert len(pids) == 2
         kernel.run("%ranks stop")
         no_workers_left(kernel)
+
+
+def test_a_magic_line_may_end_with_a_comment(kernel):
+    started(kernel)
+    kernel.run("lr = 0.5")
+    out = kernel.run("%ranks push lr  # the learning rate, into every rank")
+    assert out.error is None, out.error
+    out = kernel.run("%%ranks 1  # one rank\nprint('lr', lr)")
+    assert "[rank 1] lr 0.5" in out.stdout and "[rank 0]" not in out.stdout
