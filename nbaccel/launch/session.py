@@ -305,6 +305,7 @@ def end_ranks(
 ) -> None:
     """End every rank still alive: idle ones leave at their socket's end (``gentle``), then
     SIGTERM to each one's process group, SIGKILL after ``GRACE_S``; their exits heard."""
+    ranks = [r for r in ranks if r.pid is not None]  # none forked when the server refused
     steps = [(None, LEAVE_S)] if gentle else []
     steps += [(signal.SIGTERM, GRACE_S), (signal.SIGKILL, GRACE_S)]
     for sig, seconds in steps:
