@@ -184,8 +184,7 @@ def test_the_stop_button_while_the_ranks_start_leaves_nothing_and_the_next_start
         while True:  # the cell runs once the kernel says it is busy with it
             message = kernel.client.get_iopub_msg(timeout=60)
             if message["parent_header"].get("msg_id") == cell and (
-                message["msg_type"] == "status"
-                and message["content"]["execution_state"] == "busy"
+                message["msg_type"] == "status" and message["content"]["execution_state"] == "busy"
             ):
                 break
         kernel.manager.interrupt_kernel()
