@@ -117,16 +117,24 @@ class RanksMagics:
     def cell(self, line: str, cell: str) -> None:
         options = _cell_parser().parse_args(shlex.split(line, comments=True))
         session = self._session()
-        number = self.shell.execution_count
-        filename = self.shell.compile.cache(cell, number)  # tracebacks and reports: "cell N"
-        session.run(cell, parse_ranks(options.ranks), output=options.output, filename=filename,
-                    cell=number)  # fmt: skip
+        number = _running_cell(self.shell)
+        source = "\n" + cell  # line numbers as the notebook shows them: the magic's is line 1
+        filename = self.shell.compile.cache(source, number)  # reports say "cell N, line L"
+        session.run(source, parse_ranks(options.ranks), output=options.output,
+                    filename=filename, cell=number)  # fmt: skip
 
     def _session(self) -> Ranks:
         if self.session is None:
             raise NbaccelError("no ranks yet: start them with %ranks start N (e.g. %ranks start "
                                "2 --cpu)")  # fmt: skip
         return self.session
+
+
+def _running_cell(shell) -> int:
+    """The number of the cell running now, as its prompt shows it: the last one IPython
+    compiled (``execution_count`` is already the next one while a cell runs)."""
+    numbers = list(getattr(shell.compile, "_filename_map", {}).values())
+    return numbers[-1] if numbers else shell.execution_count
 
 
 def _device(session: Ranks) -> str:

@@ -20,6 +20,7 @@ class Result:
     error: dict | None = None  # ename, evalue, traceback
     images: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)  # displayed text (the live progress line)
+    number: int | None = None  # the cell's execution count, as its prompt shows it (run only)
 
 
 class Kernel:
@@ -39,6 +40,7 @@ class Kernel:
             code, timeout=timeout, output_hook=lambda msg: _collect(msg, result)
         )
         assert reply["content"]["status"] in ("ok", "error")
+        result.number = reply["content"].get("execution_count")
         return result
 
     def start(self, code: str) -> str:

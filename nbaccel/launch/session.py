@@ -55,6 +55,7 @@ from .cells import BACKEND
 from .launcher import _meeting, _worker_envs
 from .protocol import Cell, Done, Exited, Signal, WorkerSpec, recv, send
 from .relay import Relay
+from .rendezvous import import_torch_distributed
 from .supervisor import _launch_ids
 from .waiter import GRACE_S, LEAVE_S, CellError, Waiter, _Rank
 
@@ -131,6 +132,7 @@ class Ranks:
         self.relay = Relay(self.output)
         self.memory_start = memory.snapshot()  # to tell an out-of-memory kill (memory.py)
         try:
+            import_torch_distributed()  # the store needs it; a press mid-import would break torch
             self._fork()
             self._wait(0, list(range(len(self.ranks))), limit=START_S, what="start")
         except BaseException:  # the server may have been cut mid-message: not given back
@@ -139,7 +141,8 @@ class Ranks:
         atexit.register(self.stop, True)  # the kernel's exit ends the ranks, said or not
 
     def _fork(self) -> None:
-        self.server = client.take_server()
+        with client.interrupt_held():  # a press now ends the start once the server is held
+            self.server = client.take_server()
         port = self._closing.enter_context(_meeting(self.config))
         envs = _worker_envs(self.config, port, 0)
         opened = descriptors.check_room(len(envs))

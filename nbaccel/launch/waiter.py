@@ -364,13 +364,13 @@ class Waiter:
             why = f"did not end the cell within {INTERRUPT_S:g} s of the {cause}"
         else:
             why = f"waited {self.s.stall_timeout:g} s in a collective while other ranks were idle"
-        ranks = ", ".join(map(str, stuck))
-        keep = f"rank(s) {ranks} stay in cell {self.cell}"
+        ranks = f"rank {stuck[0]}" if len(stuck) == 1 else f"ranks {', '.join(map(str, stuck))}"
+        keep = f"{ranks} {'stays' if len(stuck) == 1 else 'stay'} in cell {self.cell}"
         if idle:
             keep += (f": the collective they wait in ends when the idle ranks {idle} call it too "
                      f"(%%ranks {','.join(map(str, idle))}); or")  # fmt: skip
         keep += " %ranks restart for fresh ranks."
-        return CellError(f"cell {self.cell}: rank(s) {ranks} {why}. {report}\n\n{keep}",
+        return CellError(f"cell {self.cell}: {ranks} {why}. {report}\n\n{keep}",
                          hung=True, stacks=report.stacks)  # fmt: skip
 
 

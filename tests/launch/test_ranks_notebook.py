@@ -74,9 +74,11 @@ def test_a_learner_steps_through_a_session_cell_by_cell(kernel):
     assert "[rank 0] 2" in out.stdout and "[rank 1] 2" in out.stdout
     out = kernel.run("values = %ranks pull x\n[float(v) for v in values]")
     assert out.value == "[3.0, 3.0]"
+    number = kernel.run("%%ranks\npass").number  # the cell as the notebook numbers it
     out = kernel.run("%ranks status")
     for rank, pid in pids.items():
-        assert re.search(rf"^\s+{rank}\s+{pid}\s+yes\s+idle", out.stdout, re.M), out.stdout
+        row = rf"^\s+{rank}\s+{pid}\s+yes\s+idle\s+{number}$"
+        assert re.search(row, out.stdout, re.M), out.stdout
     processes = [psutil.Process(p) for p in pids.values()]
     assert kernel.run("%ranks stop").error is None
     _, alive = psutil.wait_procs(processes, timeout=15)
@@ -176,17 +178,13 @@ def test_a_cell_that_trains_draws_the_live_panel(kernel):
 
 
 def test_the_stop_button_while_the_ranks_start_leaves_nothing_and_the_next_start_works(tmp_path):
-    """A kernel without a prestarted server: the start takes seconds (the server imports torch),
-    and the press lands somewhere in it; wherever it lands, the cell ends with KeyboardInterrupt
-    and nothing of the start is left."""
+    """A kernel without a prestarted server: the start takes seconds (the kernel and the server
+    import torch), and the press lands somewhere in it; wherever it lands, the cell ends with
+    KeyboardInterrupt and nothing of the start is left."""
     with kernel_with(str(tmp_path), "%load_ext nbaccel", env={"NBACCEL_PRESTART": "0"}) as kernel:
-        cell = kernel.start("%ranks start 2 --cpu")
-        while True:  # the cell runs once the kernel says it is busy with it
-            message = kernel.client.get_iopub_msg(timeout=60)
-            if message["parent_header"].get("msg_id") == cell and (
-                message["msg_type"] == "status" and message["content"]["execution_state"] == "busy"
-            ):
-                break
+        # The press must find the cell's code running: ipykernel ignores it before that.
+        cell = kernel.start("print('starting', flush=True)\n%ranks start 2 --cpu")
+        kernel.wait_for_output("starting")
         kernel.manager.interrupt_kernel()
         out = kernel.finish(cell, timeout=60)
         assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
@@ -204,3 +202,19 @@ def test_a_magic_line_may_end_with_a_comment(kernel):
     assert out.error is None, out.error
     out = kernel.run("%%ranks 1  # one rank\nprint('lr', lr)")
     assert "[rank 1] lr 0.5" in out.stdout and "[rank 0]" not in out.stdout
+
+
+def test_a_collective_on_one_rank_is_reported_with_its_cell_and_freed_by_the_other(kernel):
+    kernel.run("%ranks stop")
+    assert kernel.run("%ranks start 2 --cpu --stall-timeout 2").error is None
+    out = kernel.run("%%ranks 0\ny = torch.ones(1)\ndist.all_reduce(y)")
+    shown = "\n".join(out.error["traceback"])
+    assert out.error["ename"] == "CellError"
+    assert (
+        f"rank 0 waits in `all_reduce` called from `<module>` (cell {out.number}, line 3)" in shown
+    )
+    assert f"rank 0 stays in cell {out.number}" in shown and "%%ranks 1" in shown
+    assert kernel.run("%%ranks 1\ny = torch.ones(1)\ndist.all_reduce(y)").error is None
+    out = kernel.run("%%ranks 0\nprint('rank 0 holds', y.item())")  # its late report is read first
+    assert out.error is None, out.error
+    assert "[rank 0] rank 0 holds 2.0" in out.stdout
