@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 
 from ..config import load_config
 from ..env import PRESTART_VAR, in_notebook
@@ -114,24 +112,6 @@ def shared_server() -> ForkServer:
     if server is None:
         server = _servers[os.getpid()] = ForkServer()
     return server
-
-
-@contextlib.contextmanager
-def interrupt_held():
-    """The stop button held until the block is done, then raised: a server started meanwhile
-    is not lost half made (its process would outlive its handle, unreaped). On the main
-    thread only, where Python runs signal handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pressed: list = []
-    previous = signal.signal(signal.SIGINT, lambda *sig: pressed.append(sig))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pressed and callable(previous):
-        previous(*pressed[0])
 
 
 def take_server() -> ForkServer:

@@ -70,23 +70,29 @@ def import_torch_distributed() -> None:
     """Import ``torch.distributed`` (and torch) with the stop button held until it is done: an
     import cut short by KeyboardInterrupt leaves torch broken in this process until a restart
     (its C++ registries filled, its module half made: "Only a single TORCH_LIBRARY can be
-    used..."). A press meanwhile is raised as soon as the import is whole. On the main thread
-    only, where Python runs signal handlers; elsewhere, a plain import."""
-    if (
-        "torch.distributed" in sys.modules
-        or threading.current_thread() is not threading.main_thread()
-    ):
-        import torch.distributed
+    used..."). A press meanwhile is raised as soon as the import is whole."""
+    if "torch.distributed" in sys.modules:
+        return
+    with interrupt_held():
+        import torch.distributed  # noqa: F401
 
+
+@contextmanager
+def interrupt_held():
+    """The stop button held until the block is done, then raised: what the block makes (an
+    import, a started process and its handle) is never left half made. On the main thread
+    only, where Python runs signal handlers; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
     pressed: list = []
     previous = signal.signal(signal.SIGINT, lambda *sig: pressed.append(sig))
     try:
-        import torch.distributed  # noqa: F401
+        yield
     finally:
         signal.signal(signal.SIGINT, previous)
     if pressed and callable(previous):
-        previous(*pressed[0])  # the stop, now that torch is whole: KeyboardInterrupt
+        previous(*pressed[0])  # the stop, now that the block is whole: KeyboardInterrupt
     elif pressed and previous == signal.SIG_DFL:
         signal.raise_signal(signal.SIGINT)
 

@@ -55,7 +55,7 @@ from .cells import BACKEND
 from .launcher import _meeting, _worker_envs
 from .protocol import Cell, Done, Exited, Signal, WorkerSpec, recv, send
 from .relay import Relay
-from .rendezvous import import_torch_distributed
+from .rendezvous import import_torch_distributed, interrupt_held
 from .supervisor import _launch_ids
 from .waiter import GRACE_S, LEAVE_S, CellError, Waiter, _Rank
 
@@ -141,7 +141,7 @@ class Ranks:
         atexit.register(self.stop, True)  # the kernel's exit ends the ranks, said or not
 
     def _fork(self) -> None:
-        with client.interrupt_held():  # a press now ends the start once the server is held
+        with interrupt_held():  # a press now ends the start once the server is held
             self.server = client.take_server()
         port = self._closing.enter_context(_meeting(self.config))
         envs = _worker_envs(self.config, port, 0)
