@@ -98,6 +98,9 @@ class RanksMagics:
                 self.session.stop()
             self.session = None
             return None
+        if command == "status" and self.session is None:
+            print("no ranks are running: %ranks start N (e.g. %ranks start 2 --cpu) starts them.")
+            return None
         session = self._session()
         if command == "restart":
             session.restart()

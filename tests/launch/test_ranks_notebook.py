@@ -151,6 +151,8 @@ def test_a_kernel_shut_down_or_killed_takes_its_ranks(tmp_path):
 def test_the_magics_say_how_to_use_them(kernel):
     out = kernel.run("%%ranks\nprint(1)")
     assert out.error is not None and "%ranks start N" in out.error["evalue"]
+    out = kernel.run("%ranks status")
+    assert out.error is None and "no ranks are running" in out.stdout
     out = kernel.run("%ranks start 2 --cpu --bogus")
     assert "unrecognized arguments: --bogus" in out.error["evalue"]
     out = kernel.run("%ranks launch")
