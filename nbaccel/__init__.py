@@ -38,12 +38,12 @@ _EXPORTS = {
     "Tracker": "observe.rank_recorder",  # Recorder's old name
     "FSDPPlugin": "accelerator.strategies.fully_sharded",
     "FullyShardedDataParallelPlugin": "accelerator.strategies.fully_sharded",
-    "DeepSpeedPlugin": "accelerator.strategies.zero",
+    "DeepSpeedPlugin": "accelerator.strategies.ds_config",
     "ProjectConfiguration": "accelerator.project",
     "GeneralTracker": "observe.trackers.general",
     "LoggerType": "observe.trackers.general",
-    "AcceleratorState": "accelerator.views",
-    "GradientState": "accelerator.views",
+    "AcceleratorState": "accelerator.current",
+    "GradientState": "accelerator.current",
     "AutocastKwargs": "accelerator.handlers",
     "DDPCommunicationHookType": "accelerator.handlers",
     "DistributedDataParallelKwargs": "accelerator.handlers",
@@ -90,6 +90,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .accelerator.accelerator import Accelerator
     from .accelerator.accumulation import GradientAccumulationPlugin
+    from .accelerator.current import AcceleratorState, GradientState
     from .accelerator.data.sharding import DataLoaderConfiguration
     from .accelerator.handlers import (
         AutocastKwargs,
@@ -100,9 +101,8 @@ if TYPE_CHECKING:
     )
     from .accelerator.project import ProjectConfiguration
     from .accelerator.state import DistributedType, PartialState
+    from .accelerator.strategies.ds_config import DeepSpeedPlugin
     from .accelerator.strategies.fully_sharded import FSDPPlugin, FullyShardedDataParallelPlugin
-    from .accelerator.strategies.zero import DeepSpeedPlugin
-    from .accelerator.views import AcceleratorState, GradientState
     from .errors import CheckpointError, LaunchError, NbaccelError
     from .lab.scaling import measure_scaling
     from .launch.launcher import notebook_launcher

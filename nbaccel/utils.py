@@ -80,7 +80,7 @@ __all__ = [
 # The back ends' plugins, where HF Accelerate users import them from; imported when first
 # asked for, so that ``nbaccel.utils`` stays light (no strategy or DeepSpeed module with it)
 _PLUGINS = {
-    "DeepSpeedPlugin": ".accelerator.strategies.zero",
+    "DeepSpeedPlugin": ".accelerator.strategies.ds_config",
     "FullyShardedDataParallelPlugin": ".accelerator.strategies.fully_sharded",
 }
 

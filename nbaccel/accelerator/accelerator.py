@@ -18,7 +18,7 @@ method is written here or found by one of these names:
 No hidden globals: two Accelerators in one process share nothing, except what torch itself keeps
 process-wide: the default process group (created by the first Accelerator that needs it, shared,
 destroyed by the ``end_training`` of the last one alive: ``state.py``), the global RNGs, and
-CUDA's current device; ``AcceleratorState()`` views the newest live one (``views.py``).
+CUDA's current device; ``AcceleratorState()`` reads the newest live one (``current.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from ..env import DistEnv
 from ..observe import breakdown
 from ..observe.rank_recorder import Recorder
 from ..observe.trackers.log_with import Trackers
-from . import collectives, saving, tracking, views
+from . import collectives, current, saving, tracking
 from .accumulation import (
     AccumulationWindow,
     GradientAccumulationPlugin,
@@ -52,8 +52,8 @@ from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .project import ProjectConfiguration
 from .state import DistributedType, PartialState
 from .strategies import DDP, choose
+from .strategies.ds_config import DeepSpeedPlugin  # DeepSpeed itself loads on demand
 from .strategies.fsdp import FSDPPlugin
-from .strategies.zero import DeepSpeedPlugin  # DeepSpeed itself loads on demand
 
 if TYPE_CHECKING:
     from ..observe.live.view import LiveView
@@ -91,7 +91,7 @@ class Accelerator(PartialState):
             ``InitProcessGroupKwargs``, ``AutocastKwargs``, one of each (``handlers.py``).
 
     ``accelerator.state`` and ``accelerator.gradient_state`` are Accelerate's
-    ``AcceleratorState`` and ``GradientState``, read from this Accelerator (``views.py``).
+    ``AcceleratorState`` and ``GradientState``, read from this Accelerator (``current.py``).
     """
 
     def __init__(
@@ -157,7 +157,7 @@ class Accelerator(PartialState):
         self._loop = LoopState()
         self._micro_batch = MicroBatch(self._window, self._loop, self.strategy.no_sync, ())
         self._total_steps: int | None = None
-        views.register(self)  # AcceleratorState() and GradientState() find it
+        current.register(self)  # AcceleratorState() and GradientState() find it
 
     # -- where this process stands: PartialState's names, and these ---------------------------
     @property
@@ -165,14 +165,14 @@ class Accelerator(PartialState):
         return self.precision.mode
 
     @property
-    def state(self) -> views.AcceleratorState:
-        """Accelerate's ``AcceleratorState``, a view of this Accelerator's facts."""
-        return views.AcceleratorState(_accelerator=self)
+    def state(self) -> current.AcceleratorState:
+        """Accelerate's ``AcceleratorState``, a window onto this Accelerator's facts."""
+        return current.AcceleratorState(_accelerator=self)
 
     @property
-    def gradient_state(self) -> views.GradientState:
+    def gradient_state(self) -> current.GradientState:
         """Accelerate's ``GradientState``: ``sync_gradients``, ``end_of_dataloader``, ..."""
-        return views.GradientState(_accelerator=self)
+        return current.GradientState(_accelerator=self)
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -236,7 +236,7 @@ class Accelerator(PartialState):
         * ``DataLoader``: each rank gets ``batch_size`` distinct samples per step, on ``device``.
         * LR scheduler: steps only when its optimizer really stepped.
         """
-        views.check_not_reset(self, "prepare()")
+        current.check_not_reset(self, "prepare()")
         prepared = self.strategy.prepare(objects, self._prepare_one)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
@@ -382,7 +382,7 @@ class Accelerator(PartialState):
         self.recorder.close()
         self._trackers.finish()
         self.destroy_process_group()
-        views.forget(self)
+        current.forget(self)
 
     def destroy_process_group(self) -> None:
         strategy = self.__dict__.get("strategy")  # None when __init__ was refused early

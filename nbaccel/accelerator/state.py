@@ -17,7 +17,7 @@ the group from under another: the other's ``reduce`` and ``gather`` still reach 
 The count is one of the two process-wide things nbaccel keeps (DESIGN.md): ``_holders``, a weak
 set of the live states using a group that nbaccel created (``_created``, with the settings it was
 made with: ``InitProcessGroupKwargs``); a state that became garbage no longer holds it. The
-other is ``views._live``, the weak registry through which Accelerate's ``AcceleratorState()``
+other is ``current._live``, the weak registry through which Accelerate's ``AcceleratorState()``
 finds the newest live Accelerator: two Accelerators share the group, never their state.
 A group you created yourself is yours: nbaccel uses it and never destroys it.
 A collective through a state after its own ``end_training``, or after its group was destroyed
@@ -46,7 +46,7 @@ from ..observe.breakdown import Breakdown, communicating
 from ..observe.stacks import listen_from_environ
 from . import collectives
 from .collectives import Reduction
-from .kinds import DistributedType  # here too: Accelerate's code imports it from its state
+from .distributed_type import DistributedType  # here too: Accelerate imports it from its state
 
 
 class PartialState:

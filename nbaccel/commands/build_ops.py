@@ -27,7 +27,7 @@ def build_ops_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def build_ops_command(args: argparse.Namespace) -> int:
-    from ..accelerator.strategies.zero import build_ops
+    from ..accelerator.strategies.ds_config import build_ops
 
     try:
         build_ops()

@@ -36,7 +36,7 @@ from dataclasses import replace
 from ..env import CHANNEL_VAR
 from ..observe.stacks import listen_from_environ
 from .descriptors import raise_limit, refusal
-from .groups import keep_groups_until_exit
+from .kept_groups import keep_groups_until_exit
 from .protocol import (
     FDS_PER_WORKER,
     ExceptionData,

@@ -14,8 +14,8 @@ import pytest
 
 from nbaccel.env import usable_cores
 from nbaccel.lab.scaling import THRESHOLDS, Load, Scaling, measure_scaling
+from nbaccel.lab.scaling.contention import Reading, ours_used, read
 from nbaccel.lab.scaling.flags import IMPOSSIBLE_CPU, IMPOSSIBLE_GPU
-from nbaccel.lab.scaling.load import Reading, ours_used, read
 from nbaccel.lab.scaling.measure import omp_threads
 from nbaccel.observe.channel import (
     BREAKDOWN,

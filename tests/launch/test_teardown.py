@@ -3,7 +3,7 @@
 The loop every tutorial teaches ends with ``destroy_process_group()``, after which the function
 returns and its DDP model is freed. With gloo (torch 2.13) the Reducer freed after its group can
 hang its process (measured: 3 launches in 150 on 2 cores). nbaccel's workers keep destroyed
-groups alive until they exit (``nbaccel.launch.groups``), and nbaccel's
+groups alive until they exit (``nbaccel.launch.kept_groups``), and nbaccel's
 ``end_training`` frees its models before it leaves the group, so the lessons teach no workaround.
 
 Whether the fix is in place is read from the worker itself, never from luck: the repeated
@@ -43,7 +43,7 @@ def canonical(check_kept: bool = False):
         optimizer.zero_grad()
     dist.destroy_process_group()
     if check_kept:
-        from nbaccel.launch import groups
+        from nbaccel.launch import kept_groups as groups
 
         return any(group is world for group in groups.KEPT_GROUPS)
     return dist.is_initialized()

@@ -128,7 +128,7 @@ def test_the_collectives_are_one_module_that_utils_re_exports():
     assert not loaded & {
         "nbaccel.accelerator.accelerator",
         "nbaccel.accelerator.optim",
-        "nbaccel.accelerator.strategies.zero",
+        "nbaccel.accelerator.strategies.ds_config",
     }
 
 

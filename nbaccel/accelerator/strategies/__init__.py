@@ -24,8 +24,8 @@ from ...config import LaunchConfig
 from .base import Strategy
 from .ddp import DDP
 from .deepspeed import DeepSpeed
+from .ds_config import DeepSpeedPlugin
 from .fsdp import FSDP, FSDPPlugin
-from .zero import DeepSpeedPlugin
 
 #: plugin type -> (the Accelerator's argument that takes it, its strategy, the plugin a launch
 #: asks for: ``notebook_launcher(fsdp=True)``, ``nbaccel launch --zero-stage 2``, or None)

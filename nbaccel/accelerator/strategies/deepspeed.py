@@ -39,7 +39,7 @@ from ..accumulation import AccumulationWindow, GradientAccumulationPlugin
 from ..data.loader import PreparedDataLoader
 from ..optim import AcceleratedOptimizer
 from ..state import DistributedType, PartialState
-from . import zero
+from . import ds_config
 from .base import AutocastForward, Strategy, trainable
 
 
@@ -51,7 +51,7 @@ class DeepSpeed(Strategy):
 
     def __init__(
         self,
-        plugin: zero.DeepSpeedPlugin,
+        plugin: ds_config.DeepSpeedPlugin,
         state: PartialState,
         mixed_precision: str,
         precision_given: bool,
@@ -62,8 +62,8 @@ class DeepSpeed(Strategy):
                 "GradientAccumulationPlugin(sync_each_batch=True) under DeepSpeed: the engine "
                 "decides when gradients are reduced; leave sync_each_batch False."
             )
-        zero.import_deepspeed(state.device)  # an install hint now, not at prepare()
-        self.config, mixed_precision, steps = zero.build_config(
+        ds_config.import_deepspeed(state.device)  # an install hint now, not at prepare()
+        self.config, mixed_precision, steps = ds_config.build_config(
             plugin,
             mixed_precision=mixed_precision,
             precision_given=precision_given,
@@ -115,12 +115,12 @@ class DeepSpeed(Strategy):
         return prepared
 
     def _initialize(self, model: torch.nn.Module, optimizer: Any, batch_size: int | None) -> None:
-        zero.set_micro_batch(self.config, batch_size)
-        zero.cap_buckets(self.config, model)
-        deepspeed = zero.import_deepspeed(self.device)
+        ds_config.set_micro_batch(self.config, batch_size)
+        ds_config.cap_buckets(self.config, model)
+        deepspeed = ds_config.import_deepspeed(self.device)
         if os.environ.get("LOCAL_RANK", "0") == "0":
-            zero.warn_stale_build_lock()
-        with zero.quiet_start():
+            ds_config.warn_stale_build_lock()
+        with ds_config.quiet_start():
             engine, *_ = deepspeed.initialize(
                 model=model.to(self.device), optimizer=optimizer, config=self.config
             )
@@ -205,7 +205,7 @@ class DeepSpeed(Strategy):
             models=[],
             optimizers=[],
             schedulers=schedulers,
-            engine=lambda staging: engine.save_checkpoint(str(staging), tag=zero.TAG),
+            engine=lambda staging: engine.save_checkpoint(str(staging), tag=ds_config.TAG),
             **common,
         )
 
@@ -219,17 +219,17 @@ class DeepSpeed(Strategy):
             models=[],
             optimizers=[],
             schedulers=schedulers,
-            engine=(zero.TAG, self.env.world_size),
+            engine=(ds_config.TAG, self.env.world_size),
             **common,
         )
-        self.engine.load_checkpoint(str(folder), tag=zero.TAG, load_lr_scheduler_states=False)
+        self.engine.load_checkpoint(str(folder), tag=ds_config.TAG, load_lr_scheduler_states=False)
         return state
 
     def end(self, models: list[torch.nn.Module], leave_group: bool) -> None:
         try:
             if (leave_group or self._private_group) and dist.is_initialized():
                 if self.engine is not None:  # DeepSpeed's way also drops its cached groups
-                    zero.import_deepspeed(self.device).comm.destroy_process_group()
+                    ds_config.import_deepspeed(self.device).comm.destroy_process_group()
                 else:
                     dist.destroy_process_group()
         finally:

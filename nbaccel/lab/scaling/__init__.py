@@ -71,8 +71,8 @@ median run's records. Both rates are defined once, with the records (``Run.timin
 matplotlib's object API (no pyplot), imported only when something is drawn.
 """
 
+from .contention import Load
 from .flags import THRESHOLDS
-from .load import Load
 from .measure import measure_scaling
 from .result import Scaling
 from .view import figure, shares

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ...observe.records import Run
-from .load import Load
+from .contention import Load
 from .result import Scaling
 
 

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from nbaccel import Accelerator, CheckpointError, DeepSpeedPlugin, notebook_launcher, set_seed
-from nbaccel.accelerator.strategies import zero
-from nbaccel.accelerator.strategies.zero import build_config
+from nbaccel.accelerator.strategies import ds_config
+from nbaccel.accelerator.strategies.ds_config import build_config
 from nbaccel.config import LaunchConfig, resolve_sharding
 
 from ...distributed import run_ranks
@@ -259,11 +259,11 @@ def test_bad_plugin_values_and_config_files_say_what_to_fix(tmp_path):
 
 
 def test_without_deepspeed_installed_the_error_says_how_to_install(monkeypatch):
-    from nbaccel.accelerator.strategies import zero
+    from nbaccel.accelerator.strategies import ds_config
 
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # what a missing package looks like
     with pytest.raises(ImportError, match=r"nbaccel\[deepspeed\]"):
-        zero.import_deepspeed(CPU)
+        ds_config.import_deepspeed(CPU)
 
 
 def test_launch_options_resolve_against_the_config_file():
@@ -346,7 +346,7 @@ def test_deepspeeds_start_up_finds_the_tools_of_this_environment(monkeypatch, tm
     """DeepSpeed runs ``ninja`` from PATH to load its op; a kernel registered from a venv does
     not have the venv's bin (where pip put ninja) on PATH."""
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing there
-    with zero.quiet_start():  # what the Accelerator runs deepspeed.initialize in
+    with ds_config.quiet_start():  # what the Accelerator runs deepspeed.initialize in
         found = shutil.which("ninja")
     assert found == os.path.join(os.path.dirname(sys.executable), "ninja")
     assert os.environ["PATH"] == str(tmp_path) and shutil.which("ninja") is None
@@ -359,7 +359,7 @@ def test_deepspeeds_start_up_keeps_the_ninja_already_on_path(monkeypatch, tmp_pa
     theirs.write_text("#!/bin/sh\n")
     theirs.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    with zero.quiet_start():
+    with ds_config.quiet_start():
         assert shutil.which("ninja") == str(theirs)
 
 
@@ -373,11 +373,11 @@ def test_an_abandoned_op_build_lock_is_named_before_deepspeed_waits_on_it(
     lock = tmp_path / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir()
     lock.touch()
-    zero.warn_stale_build_lock()
+    ds_config.warn_stale_build_lock()
     assert capsys.readouterr().err == ""
     hour_ago = os.stat(lock).st_mtime - 3600
     os.utime(lock, (hour_ago, hour_ago))
-    zero.warn_stale_build_lock()
+    ds_config.warn_stale_build_lock()
     said = capsys.readouterr().err
     assert f"DeepSpeed's op build lock {lock} is 6" in said and " min old: a build" in said
     assert "delete that file and run this again" in said

@@ -1,15 +1,15 @@
-"""Accelerate's ``AcceleratorState`` and ``GradientState``, as views of an Accelerator.
+"""Accelerate's ``AcceleratorState`` and ``GradientState``, as windows onto an Accelerator.
 
 In Accelerate these are process-wide singletons: every ``AcceleratorState()`` shares one
 dictionary, which the first ``Accelerator()`` fills. nbaccel keeps each Accelerator's state in
-the Accelerator itself (two never share it), so here both classes are *views*: they hold no
+the Accelerator itself (two never share it), so here both classes are *windows*: they hold no
 fact of their own and read, on every access, the Accelerator they were made for.
 
-How a view finds its Accelerator:
+How a window finds its Accelerator:
 
 * ``accelerator.state`` and ``accelerator.gradient_state``: that Accelerator.
 * ``AcceleratorState()`` and ``GradientState()``: the most recently created Accelerator of
-  this process that is still live, looked up once, when the view is made. Live means created,
+  this process that is still live, looked up once, when the window is made. Live means created,
   not yet ended (``end_training``), not garbage, and not forgotten by ``_reset_state()``.
   This registry, ``_live``, is the one process-wide structure DESIGN.md allows besides the
   process group's holders (``state.py``): weak (it keeps no Accelerator alive, so nothing leaks
@@ -17,14 +17,14 @@ How a view finds its Accelerator:
   ``__init__`` and ``end_training``.
 
 With none: ``AcceleratorState()`` raises ``ValueError`` as Accelerate's does (there is no
-state to view: create an ``Accelerator`` first); ``GradientState()`` reports what Accelerate's
+state to read: create an ``Accelerator`` first); ``GradientState()`` reports what Accelerate's
 reports before any Accelerator: gradients sync, no DataLoader is being iterated, one step.
 
-With two: the newer one. They share only torch's process group (counted, ``state.py``); a view
+With two: the newer one. They share only torch's process group (counted, ``state.py``); a window
 of one never shows the other's precision, accumulation or DataLoaders. Write
 ``accelerator.state`` when you mean a particular one.
 
-A view may be kept: it holds its Accelerator (an ordinary reference, as any object you keep
+A window may be kept: it holds its Accelerator (an ordinary reference, as any object you keep
 does), so ``state = AcceleratorState()`` stays valid while you hold it.
 """
 
@@ -48,7 +48,7 @@ def register(accelerator: Accelerator) -> None:
 
 
 def forget(accelerator: Accelerator) -> None:
-    """``accelerator`` ended: views made from now on do not find it."""
+    """``accelerator`` ended: windows made from now on do not find it."""
     if _live.get(id(accelerator)) is accelerator:
         del _live[id(accelerator)]
 
@@ -121,7 +121,7 @@ class AcceleratorState:
         kwargs.pop("_from_accelerator", None)
         if accelerator is None:
             raise ValueError(
-                "AcceleratorState() views the Accelerator of this process, and none is live: "
+                "AcceleratorState() reads the Accelerator of this process, and none is live: "
                 "create one first (accelerator = Accelerator()), then use AcceleratorState() "
                 "or accelerator.state."
             )
@@ -152,8 +152,8 @@ class AcceleratorState:
     @property
     def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
         """The facts, as Accelerate's state keeps them in its ``__dict__`` (one dict, shared):
-        so two views of equal states, an Accelerator's and its pickled copy's, compare equal
-        by ``__dict__`` as Accelerate's do. The view's reference to its Accelerator is kept
+        so two windows onto equal states, an Accelerator's and its pickled copy's, compare equal
+        by ``__dict__`` as Accelerate's do. The window's reference to its Accelerator is kept
         in the instance's own storage, which this property does not show."""
         return {name: getattr(self, name) for name in _FACTS}
 
@@ -206,7 +206,7 @@ class GradientState:
     the last global batch when it was topped up with repeats, else -1 (as Accelerate, -1
     outside a DataLoader; nbaccel knows it only on the last batch).
     ``num_steps``, ``adjust_scheduler``, ``sync_with_dataloader``, ``plugin_kwargs``: the
-    Accelerator's ``GradientAccumulationPlugin`` (its values, where Accelerate's view reports
+    Accelerator's ``GradientAccumulationPlugin`` (its values, where Accelerate's class reports
     ``adjust_scheduler=False`` for a default plugin).
 
     >>> GradientState(_accelerator=None).sync_gradients  # no Accelerator: Accelerate's defaults
@@ -281,7 +281,7 @@ class GradientState:
 
     @staticmethod
     def _reset_state() -> None:
-        """Accelerate's: forget the shared state. A view holds none, so there is nothing to do;
+        """Accelerate's: forget the shared state. A window holds none, so there is nothing to do;
         ``AcceleratorState._reset_state()`` forgets the Accelerators themselves."""
 
     def __repr__(self) -> str:

@@ -1,8 +1,8 @@
 """``DistributedType``: how the processes of a run train together, by Accelerate's names.
 
-Its own module so that what only needs the name (the views, the strategies' table) imports it
-without the process group's machinery; ``state.py`` re-exports it, where Accelerate's code
-looks for it.
+Its own module so that what only needs the name (the state windows, the strategies' table)
+imports it without the process group's machinery; ``state.py`` re-exports it, where
+Accelerate's code looks for it.
 """
 
 from __future__ import annotations

@@ -11,15 +11,15 @@ import torch
 from torch.utils.data import DataLoader
 
 from nbaccel import Accelerator, DistributedType, GradientAccumulationPlugin
-from nbaccel.accelerator import views
-from nbaccel.accelerator.views import AcceleratorState, GradientState
+from nbaccel.accelerator import current
+from nbaccel.accelerator.current import AcceleratorState, GradientState
 
 
 @pytest.fixture(autouse=True)
 def registry(monkeypatch):
     """An empty registry for each test: Accelerators other tests left to the collector are
     not found here (and this test's are not found later)."""
-    monkeypatch.setattr(views, "_live", weakref.WeakValueDictionary())
+    monkeypatch.setattr(current, "_live", weakref.WeakValueDictionary())
 
 
 def make(**kwargs) -> Accelerator:
