@@ -1,4 +1,6 @@
 # Two commands do all the set-up: `make demo` and `make test`. Both create .venv on first use.
+# `make check` is the contributor's fast loop (about a minute): lint, the architecture's rules
+# and every test that starts no process; `make test` runs everything.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -7,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # Nothing here puts $(BIN) on PATH: the lessons and tests run as a kernel registered from the
 # venv does, and call commands through the interpreter (`!{sys.executable} -m nbaccel ...`).
 
-.PHONY: demo lessons lab test lint bench clean chromium slurm gpu-check
+.PHONY: demo lessons lab check test lint rules bench clean chromium slurm gpu-check
 
 # Reinstall whenever the pins or the declared dependencies change.
 $(STAMP): pyproject.toml constraints.txt
@@ -30,6 +32,16 @@ lab: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# The fast tier: the tests that start no process, no kernel and no notebook (tests/conftest.py
+# selects them by their markers, and fails one that starts a process: it needs a marker). The
+# architecture's rules are among them (tests/package/test_architecture.py); `make rules` prints
+# what they measure.
+check: lint
+	$(BIN)/python -m pytest --fast tests
+
+rules: $(STAMP)
+	$(BIN)/python -m tests.package.structure --check
 
 # The browser tests drive Debian's Chromium (never a downloaded browser). As root (CI) make
 # installs it and the tests must run; elsewhere they run if it is there and skip if not.
@@ -80,7 +92,6 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/interrupt.py
 	$(BIN)/python benchmarks/sharding.py
 	$(BIN)/python benchmarks/collectives.py
-	$(BIN)/python benchmarks/structure.py --json benchmarks/results/structure.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -22,7 +22,7 @@ H200 (the sizing is in ``ROUNDS`` and ``TRIAL_SECONDS`` below):
   on each preset link. With 2 GPUs or more, ``projection.calibrate`` (2 workers, NCCL)
   checks the projected DDP step against a measured one.
 * ``step``: what a small step pays on CUDA, cause by cause: lesson 5's step with nbaccel's
-  breakdown on (its CUDA events timing a sample), off, and with every span timed, and
+  breakdown on (its CUDA events: two a step, one interval sampled), off, and
   overhead.py's loop with the batch copied to the
   device blocking or not (``DataLoaderConfiguration(non_blocking=True)``), nbaccel and HF
   Accelerate beside raw PyTorch.
@@ -525,12 +525,9 @@ def launch_markdown(result: dict) -> list[str]:
 
 
 # -- part 4: the projection's input, measured on one GPU ----------------------------------------
-def lesson5_trial(
-    device: torch.device, through_nbaccel: bool, breakdown: bool = True, every_span=False
-):
+def lesson5_trial(device: torch.device, through_nbaccel: bool, breakdown: bool = True):
     """Lesson 5's step on a batch already on the device: plain PyTorch, or through nbaccel's
-    Accelerator (with its breakdown, or built without it). ``every_span``: the breakdown's
-    CUDA events time every span, as before they timed a sample (``breakdown._Events``)."""
+    Accelerator (with its breakdown, or built without it)."""
     hidden, batch = LESSON5["hidden"], LESSON5["batch"]
 
     def build(steps: int):
@@ -543,10 +540,6 @@ def lesson5_trial(
                 accelerator = nbaccel.Accelerator(cpu=device.type == "cpu")
             model, optimizer = accelerator.prepare(model, optimizer)
             backward, on = accelerator.backward, accelerator.device
-            events = accelerator._breakdown and accelerator._breakdown._events
-            if every_span and events:
-                assert hasattr(events, "_spans"), "breakdown._Events renamed its span count"
-                events._spans = -(10**12)  # forever among the first spans, all timed
         else:
             model.to(device)
             backward, on = torch.Tensor.backward, device
@@ -678,7 +671,6 @@ def step_groups(device: torch.device) -> dict:
             "plain PyTorch": lesson5_trial(device, False),
             "nbaccel": lesson5_trial(device, True),
             "nbaccel, breakdown off": lesson5_trial(device, True, breakdown=False),
-            "nbaccel, every span timed": lesson5_trial(device, True, every_span=True),
         },
         "overhead.py's MLP, a CPU batch copied each step": {
             "raw, to(device, non_blocking=True)": raw_loop(device, 1, "no"),

@@ -6,7 +6,7 @@ waits for it in an ``all_reduce``. Once rank 0 is about to enter the all-reduce 
 creating a file), a thread here waits a little longer, then sends this process SIGINT, as
 Jupyter's stop button sends the kernel: ``notebook_launcher`` asks every rank for its stacks
 (``stacks.collect``), stops the workers, waits for them to exit and raises KeyboardInterrupt. We
-time the signal to the KeyboardInterrupt, and separately the asking alone (``Launch._where``).
+time the signal to the KeyboardInterrupt, and separately the asking alone (``Attempt._where``).
 "without" replaces the asking by nothing, to pair each measure with the launcher as it was.
 
 Variants alternate round by round, the first one rotating; medians with min and max.
@@ -57,7 +57,7 @@ def hang(ready: str) -> None:
 def one_stop(asking: bool) -> dict:
     """One hung launch, stopped by SIGINT: seconds to the KeyboardInterrupt, and to ask."""
     asked: list[float] = []
-    where = supervisor.Launch._where
+    where = supervisor.Attempt._where
 
     def timed_where(self):
         started = time.perf_counter()
@@ -78,7 +78,7 @@ def one_stop(asking: bool) -> dict:
 
         stopper = threading.Thread(target=stop, daemon=True)
         stopper.start()
-        with mock.patch.object(supervisor.Launch, "_where", timed_where):
+        with mock.patch.object(supervisor.Attempt, "_where", timed_where):
             try:
                 notebook_launcher(hang, args=(ready,), num_processes=2, live=False, timeout=120)
             except KeyboardInterrupt:

@@ -28,7 +28,7 @@ _EXPORTS = {
     "notebook_launcher": "launch.launcher",
     "SlurmCluster": "launch.slurm",
     "Ranks": "launch.session",
-    "CellError": "launch.waiter",
+    "CellError": "errors",
     "Run": "observe.records",
     "LiveView": "observe.live.view",
     "LiveTracker": "observe.hf.tracker",
@@ -103,12 +103,11 @@ if TYPE_CHECKING:
     from .accelerator.state import DistributedType, PartialState
     from .accelerator.strategies.ds_config import DeepSpeedPlugin
     from .accelerator.strategies.fully_sharded import FSDPPlugin, FullyShardedDataParallelPlugin
-    from .errors import CheckpointError, LaunchError, NbaccelError
+    from .errors import CellError, CheckpointError, LaunchError, NbaccelError
     from .lab.scaling import measure_scaling
     from .launch.launcher import notebook_launcher
     from .launch.session import Ranks
     from .launch.slurm import SlurmCluster
-    from .launch.waiter import CellError
     from .observe.hf.callback import LiveCallback
     from .observe.hf.tracker import LiveTracker
     from .observe.live.view import LiveView

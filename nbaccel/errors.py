@@ -1,7 +1,10 @@
 """The exceptions nbaccel raises at run time.
 
 Bad arguments raise the builtin ``ValueError``/``TypeError``; failures that happen while the
-library works (a checkpoint that cannot be loaded, a worker that crashed) raise these.
+library works (a checkpoint that cannot be loaded, a worker that crashed) raise these. Every
+failed launch, of one process or many, here or on SLURM, and every failed ranks cell raises one
+``LaunchError`` (``CellError`` is one), which is also torch's ``ChildFailedError``: the two are
+made on first use (``__getattr__`` below), since that base imports torch.
 """
 
 from __future__ import annotations
@@ -75,30 +78,92 @@ class RankFailure:
         return f"{self.who()} exited with code {self.exit_code}{note}"
 
 
-class LaunchError(NbaccelError):
-    """A launch failed: the first rank's real error, its traceback, and what the others did.
+def __getattr__(name: str) -> type:
+    """``LaunchError`` and ``CellError``, made on first use: each is also torch's
+    ``ChildFailedError``, and subclassing it imports torch, which ``import nbaccel`` (the CLI,
+    the live view) must not pay for. ``from nbaccel.errors import LaunchError`` and
+    ``nbaccel.LaunchError`` give the one class, made once."""
+    if name in ("LaunchError", "CellError"):
+        _make_launch_errors()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    ``results``: {rank: value} of the values that did come back when others could not (a
-    value the notebook cannot unpickle); empty when a rank failed."""
 
-    def __init__(
-        self,
-        summary: str,
-        failures: list[RankFailure] | None = None,
-        run: object = None,
-        stacks: dict | None = None,
-        results: dict | None = None,
-    ) -> None:
-        self.failures = failures or []
-        self.results = results or {}
-        self.run = run  # the launch's records (a Run): what every rank logged before it failed
-        # A timeout's {rank: stacks.RankStack or None}: where each unfinished rank was, asked
-        # before it was stopped (None: it did not answer).
-        self.stacks = stacks or {}
-        self.root_cause = self.failures[0] if self.failures else None
-        self.rank = self.root_cause.rank if self.root_cause else None
-        self.exc_type = self.root_cause.exc_type if self.root_cause else None
-        super().__init__(summary)
+def _make_launch_errors() -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    class LaunchError(NbaccelError, ChildFailedError):
+        """A launch failed: the first rank's real error, its traceback, and what the others did.
+
+        Also torch's ``ChildFailedError``, so code written for torchrun or Hugging Face
+        Accelerate's ``notebook_launcher`` catches it unchanged; ``.failures`` is nbaccel's
+        list of ``RankFailure`` (root cause first), and torch's ``get_first_failure`` answers
+        with the root cause as torch's ``ProcessFailure``.
+
+        ``results``: {rank: value} of the values that did come back when others could not (a
+        value the notebook cannot unpickle); empty when a rank failed."""
+
+        __qualname__ = "LaunchError"  # pickle finds it as nbaccel.errors.LaunchError
+
+        def __init__(
+            self,
+            summary: str,
+            failures: list[RankFailure] | None = None,
+            run: object = None,
+            stacks: dict | None = None,
+            results: dict | None = None,
+        ) -> None:
+            self.name = "notebook_launcher"  # ChildFailedError's: what failed
+            self.failures = failures or []
+            self.results = results or {}
+            self.run = run  # the launch's records (a Run): what every rank logged before
+            # A timeout's {rank: stacks.RankStack or None}: where each unfinished rank was,
+            # asked before it was stopped (None: it did not answer).
+            self.stacks = stacks or {}
+            self.root_cause = self.failures[0] if self.failures else None
+            self.rank = self.root_cause.rank if self.root_cause else None
+            self.exc_type = self.root_cause.exc_type if self.root_cause else None
+            RuntimeError.__init__(self, summary)  # not ChildFailedError's: its own message
+
+        def get_first_failure(self) -> tuple[int, ProcessFailure]:
+            """The root cause, as torch's ``(global rank, ProcessFailure)``."""
+            root = self.root_cause
+            rank = root.rank if root else 0
+            code = root.exit_code if root and root.exit_code is not None else 1
+            failure = ProcessFailure(rank, (root.pid if root else None) or 0, code, "")
+            failure.message = root.describe() if root else str(self)
+            return rank, failure
+
+        def format_msg(self, boarder_delim: str = "=", section_delim: str = "-") -> str:
+            return str(self)
+
+        def __reduce__(self):  # the summary alone rebuilds it; the rest is its __dict__
+            return (type(self), (str(self),), self.__dict__)
+
+    # One class, even if two threads got here at once: the first one stored wins.
+    launch_error = globals().setdefault("LaunchError", LaunchError)
+
+    class CellError(launch_error):
+        """A ranks cell failed (``launch/session.py``): a rank raised, died, or (``hung``) did
+        not end the cell. A notebook shows the message alone."""
+
+        __qualname__ = "CellError"
+
+        def __init__(
+            self,
+            summary: str,
+            failures: list[RankFailure] | None = None,
+            hung: bool = False,
+            stacks: dict | None = None,
+        ) -> None:
+            super().__init__(summary, failures, stacks=stacks)
+            self.hung = hung
+
+        def _render_traceback_(self) -> list[str]:  # IPython shows this instead of our frames
+            lines = f"{type(self).__name__}: {self}".splitlines()
+            return lines + list(getattr(self, "__notes__", []))
+
+    globals().setdefault("CellError", CellError)
 
 
 def by_priority(failures: list[RankFailure], arrival: list[int]) -> list[RankFailure]:

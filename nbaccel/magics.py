@@ -82,16 +82,19 @@ class RanksMagics:
             (command == "pull" and len(rest) == 1) or (command == "push" and rest)
         )
         if not usable:
-            raise NbaccelError(f"%ranks {line}: use start N, stop, restart, status, pull NAME "
-                               "or push NAME...")  # fmt: skip
+            raise NbaccelError(
+                f"%ranks {line}: use start N, stop, restart, status, pull NAME or push NAME..."
+            )
         if command == "start":
             if self.session is not None and self.session.ranks:
                 raise NbaccelError("ranks are running already: %ranks restart, or %ranks stop")
             options = vars(_start_parser().parse_args(rest))
             self.session = None
             self.session = Ranks(options.pop("num_processes"), **options)
-            print(f"nbaccel: {len(self.session.ranks)} ranks ready ({_device(self.session)}); "
-                  "%%ranks runs a cell on them.")  # fmt: skip
+            print(
+                f"nbaccel: {len(self.session.ranks)} ranks ready ({_device(self.session)}); "
+                "%%ranks runs a cell on them."
+            )
             return None
         if command == "stop":
             if self.session is not None:
@@ -104,8 +107,10 @@ class RanksMagics:
         session = self._session()
         if command == "restart":
             session.restart()
-            print(f"nbaccel: {len(session.ranks)} fresh ranks ready (pids "
-                  f"{', '.join(str(r.pid) for r in session.ranks)}).")  # fmt: skip
+            print(
+                f"nbaccel: {len(session.ranks)} fresh ranks ready (pids "
+                f"{', '.join(str(r.pid) for r in session.ranks)})."
+            )
         elif command == "status":
             print(_table(session))
         elif command == "pull":
@@ -123,13 +128,19 @@ class RanksMagics:
         number = _running_cell(self.shell)
         source = "\n" + cell  # line numbers as the notebook shows them: the magic's is line 1
         filename = self.shell.compile.cache(source, number)  # reports say "cell N, line L"
-        session.run(source, parse_ranks(options.ranks), output=options.output,
-                    filename=filename, cell=number)  # fmt: skip
+        session.run(
+            source,
+            parse_ranks(options.ranks),
+            output=options.output,
+            filename=filename,
+            cell=number,
+        )
 
     def _session(self) -> Ranks:
         if self.session is None:
-            raise NbaccelError("no ranks yet: start them with %ranks start N (e.g. %ranks start "
-                               "2 --cpu)")  # fmt: skip
+            raise NbaccelError(
+                "no ranks yet: start them with %ranks start N (e.g. %ranks start 2 --cpu)"
+            )
         return self.session
 
 
@@ -152,8 +163,10 @@ def _table(session: Ranks) -> str:
     lines = [f"{'rank':>4}  {'pid':>7}  {'alive':5}  {'state':16}  last cell"]
     for row in rows:
         last = "-" if row["last_cell"] is None else str(row["last_cell"])
-        lines.append(f"{row['rank']:>4}  {row['pid']:>7}  {'yes' if row['alive'] else 'no':5}  "
-                     f"{row['state']:16}  {last}")  # fmt: skip
+        lines.append(
+            f"{row['rank']:>4}  {row['pid']:>7}  {'yes' if row['alive'] else 'no':5}  "
+            f"{row['state']:16}  {last}"
+        )
     if session.broken:
         lines.append(session.broken)
     return "\n".join(lines)

@@ -1,7 +1,9 @@
-"""The Accelerator: one object that makes a plain PyTorch loop run on 1..N processes.
+"""The Accelerator: one object that makes a plain PyTorch loop run on 1..N processes. Over 400
+lines because it is the course's last lesson, one class read in one sitting: every public
+method is defined here with its docstring, and the long work is in the modules named below.
 
 Read this after lesson 4. Everything it does is something lesson 2 wrote out by hand, and each
-method is written here or found by one of these names:
+method is written here or comes from one of these:
 
 * ``__init__`` reads the launch's choices, joins the process group and picks a strategy, how
   the ranks share the model (``strategies/``: one process, DDP, FSDP2, DeepSpeed). What differs
@@ -12,8 +14,7 @@ method is written here or found by one of these names:
 * The process facts (``rank``, ``device``, ...), ``print``, the barriers, the ``on_*_process``
   decorators and the collectives (``gather``, ``reduce``, ...) come from the base class
   ``PartialState`` (``state.py``); the file methods (``save``, ``save_state``, ``load_state``,
-  ...) are the functions of ``saving.py``, and the numbers' (``log``, ``init_trackers``) of
-  ``tracking.py``.
+  ...) hand their work to ``saving.py``, and ``log`` to ``tracking.py``.
 
 No hidden globals: two Accelerators in one process share nothing, except what torch itself keeps
 process-wide: the default process group (created by the first Accelerator that needs it, shared,
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,7 +36,7 @@ from torch.utils.data import DataLoader
 
 from ..config import LaunchConfig, MixedPrecision, check_mode
 from ..env import DistEnv
-from ..observe import breakdown
+from ..observe.meter import StepMeter
 from ..observe.rank_recorder import Recorder
 from ..observe.trackers.log_with import Trackers
 from . import collectives, current, saving, tracking
@@ -141,12 +143,12 @@ class Accelerator(PartialState):
         self._distributed_type: DistributedType | None = None  # set through accelerator.state
         cpu = launch.cpu if cpu is None else cpu
         super().__init__(cpu=cpu, **self.handlers.asked("init"))  # rank, device, process group
-        self._breakdown = breakdown.for_device(self.device)  # where the time goes, or None
-        self._timed = breakdown.timed(self._breakdown)  # runs backward as a compute span
+        self._meter = StepMeter.for_device(self.device)  # the step's events: counts, time
+        self._timed = self._meter.backward  # runs backward as a compute span (or untimed)
         try:
             self.strategy = kind(chosen, self, mixed_precision, precision_given, plugin)
             self.precision = self.strategy.precision
-            self.recorder = Recorder(live=live, device=self.device, breakdown=self._breakdown)
+            self.recorder = Recorder(live=live, device=self.device, meter=self._meter)
             ddp, scales = isinstance(self.strategy, DDP), self.strategy.scales_losses
             self.handlers.check(self.distributed_type, ddp, self.mixed_precision, scales)
         except BaseException:
@@ -346,14 +348,45 @@ class Accelerator(PartialState):
         with self._collective("gather_for_metrics"):
             return collectives.gather_for_metrics(input_data, self._loop, use_gather_object)
 
-    # -- the live view and the experiment trackers (tracking.py's functions) ----------------
-    log = tracking.log
-    init_trackers = tracking.init_trackers
-    get_tracker = tracking.get_tracker
+    # -- the live view and the experiment trackers (observe/: trackers/, rank_recorder.py) ----
+    def log(
+        self, values: Mapping[str, Any], step: int | None = None, log_kwargs: dict | None = None
+    ) -> None:
+        """Send numbers (floats, ints, 0-d tensors) to the live view, on every rank, and
+        ``values`` to the trackers ``init_trackers`` started (strings too: TensorBoard text).
+
+        ``step`` defaults, in the live view, to the number of earlier ``log`` calls on this
+        rank; in the trackers, to the optimizer steps taken (counted on across ``load_state``).
+        ``log_kwargs``: per tracker, ``{"wandb": {...}}``. Never blocks training.
+        """
+        tracking.log(self.recorder, self._trackers, values, step, log_kwargs, self._steps_before)
+
+    def init_trackers(
+        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
+    ) -> None:
+        """Start the ``log_with`` trackers for a run named ``project_name`` (on the main
+        process), recording ``config``, the hyperparameters; ``init_kwargs`` go to each
+        library, e.g. ``{"wandb": {"entity": "me"}}``. Every rank may call it."""
+        self._trackers.start(project_name, config, init_kwargs, self.is_main_process)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker ``name`` (``unwrap``: the library's own object: the
+        SummaryWriter, the MlflowClient, the wandb run); on other ranks one that does nothing."""
+        return self._trackers.get(name, unwrap)
+
     tracker = property(lambda self: self.recorder, doc="``recorder``'s old name.")
     trackers = property(lambda self: list(self._trackers.started), doc="The started trackers.")
-    total_steps = property(tracking.get_total_steps, tracking.set_total_steps,
-                           doc=tracking.get_total_steps.__doc__)  # fmt: skip
+
+    @property
+    def total_steps(self) -> int | None:
+        """The batches the loop will take (e.g. ``epochs * len(loader)``): the progress line's
+        total and ETA, counted as its steps are (batches; ``/ K`` if only optimizer steps log)."""
+        return self._total_steps
+
+    @total_steps.setter
+    def total_steps(self, value: int) -> None:
+        self.recorder.accumulation = self.gradient_accumulation_steps
+        self._total_steps = self.recorder.total_steps = value
 
     # -- models and files (the files' methods call saving.py) ------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True):
@@ -369,12 +402,57 @@ class Accelerator(PartialState):
         (every rank must call it): it loads into the plain model."""
         return self.strategy.state_dict(model)
 
-    # saving.py's functions take the Accelerator first: assigned here, they are its methods.
-    save = saving.save
-    save_state = saving.save_state
-    load_state = saving.load_state
-    register_for_checkpointing = saving.register_for_checkpointing
-    skip_first_batches = saving.skip_first_batches
+    def save(self, obj: Any, path: str | os.PathLike) -> None:
+        """``torch.save`` on the main process only, atomically (temporary file, then rename).
+
+        Sharded tensors (FSDP) and a DeepSpeed model's state dict (recognised by its keys) are
+        gathered whole first, so every rank must call it then, as
+        ``accelerator.save(accelerator.unwrap_model(model).state_dict(), path)`` is.
+        """
+        saving.save(self.strategy, obj, path, self.is_main_process)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Keep ``objects`` (anything with ``state_dict``/``load_state_dict``: an epoch counter,
+        an EMA) in every ``save_state``, restored by ``load_state`` in this order."""
+        self._registered.extend(saving.checkpointable(objects))
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """The prepared ``dataloader``'s next pass without its first ``num_batches`` batches:
+        after ``load_state``, the rest of the interrupted epoch, in the order it had."""
+        return saving.skip_first_batches(dataloader, num_batches)
+
+    def save_state(self, output_dir: str | os.PathLike | None = None) -> None:
+        """Checkpoint models, optimizers, schedulers, scaler, RNG states, ``step``, the registered
+        objects and where each prepared DataLoader stands.
+
+        Every rank must call it. The directory is replaced whole, or not at all. With no folder,
+        ``ProjectConfiguration(automatic_checkpoint_naming=True)`` names it.
+        """
+        self._trackers.flush()  # a resumed run's records go on from here, none missing
+        held, steps = self._checkpointed(), self._steps_before + self.recorder.optimizer_steps
+        saving.save_state(held, output_dir, process=self, step=self.step, optimizer_steps=steps)
+
+    def load_state(self, input_dir: str | os.PathLike | None = None) -> None:
+        """Restore what ``save_state`` wrote, after preparing the same objects in the same order
+        (with no folder: the newest complete automatic checkpoint).
+
+        Raises ``CheckpointError`` (a ``ValueError``) for a missing, partial or corrupt
+        checkpoint, before any object is changed. Files load with ``weights_only=True``.
+        """
+        self.step, steps = saving.load_state(self._checkpointed(), input_dir, self.rank)
+        self._steps_before = steps - self.recorder.optimizer_steps  # the trackers' count goes on
+
+    def _checkpointed(self) -> saving.Checkpointed:
+        return saving.Checkpointed(
+            self.strategy,
+            self.project_configuration,
+            [self.unwrap_model(m) for m in self._models],  # the user's own, as a file holds them
+            [o.optimizer for o in self._optimizers],
+            [s.scheduler for s in self._schedulers],
+            self._dataloaders,
+            self._registered,
+            self.scaler,
+        )
 
     def end_training(self) -> None:
         """Send the last metrics, draw the final view, finish the trackers, and leave the

@@ -14,8 +14,8 @@ prepared optimizers and schedulers consult it (``nbaccel.accelerator.optim``):
 These run on every step, where a Python call costs about 1 us of a small CPU step
 (``benchmarks/results/overhead-parts-cpu.md``), so none makes one it can do without: the
 block's ``__enter__`` does the window's arithmetic itself, ``Accelerator.backward`` sets
-``holds_gradients`` itself, and ``stepped`` counts the step for the live view inline
-(``Recorder.count``'s contract).
+``holds_gradients`` itself, and ``stepped`` tells the step meter in one call
+(``StepMeter.stepped``: the live view counts the step).
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ class AccumulationWindow:
     Args:
         steps: micro-batches per window (a back end may have settled it: DeepSpeed's config).
         plugin: when windows end early (the data's end) and whether every micro-batch syncs.
-        recorder: counts the optimizer steps that changed the weights, for the live view.
+        recorder: its step meter counts the optimizer steps that changed the weights, for the
+            live view.
     """
 
     def __init__(
@@ -111,7 +112,7 @@ class AccumulationWindow:
         self.step = 0  # micro-batches opened, counted from the window's start
         self.sync_gradients = True  # False on the micro-batches that only accumulate
         self.holds_gradients = False  # gradients that no optimizer step has used yet
-        self._recorder = recorder
+        self._meter = None if recorder is None else recorder.meter
         self._stepped: dict[int, bool] = {}  # id(optimizer) -> its last real step changed it
 
     @property
@@ -127,11 +128,8 @@ class AccumulationWindow:
         """The window's end: ``optimizer`` stepped, and ``changed`` says if the weights moved."""
         self._stepped[id(optimizer)] = changed
         self.holds_gradients = False
-        recorder = self._recorder
-        if recorder is not None:  # Recorder.count(optimizer_steps=changed), inline
-            recorder.optimizer_steps += changed
-            if recorder.clock() >= recorder.next_tick:
-                recorder.tick()
+        if self._meter is not None:
+            self._meter.stepped(changed)
 
     def has_stepped(self, optimizer: Any) -> bool:
         """Whether ``optimizer``'s last real step changed the weights (True for one that was not

@@ -32,34 +32,50 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .accelerator import Accelerator
+
+class AcceleratorLike(Protocol):
+    """What the windows read of an Accelerator by name (``accelerator.py``'s class, declared
+    here, so this module does not import it); any other public name is read through."""
+
+    mixed_precision: str
+    device: Any
+    distributed_type: Any  # assignable: what the Accelerator reports, not its back end
+    backend: str | None
+    num_processes: int
+    process_index: int
+    local_process_index: int
+    deepspeed_plugin: Any
+    gradient_accumulation_plugin: Any
+    gradient_accumulation_steps: int
+    sync_gradients: bool
+    _loop: Any  # the prepared DataLoaders being iterated (``data/loader.py``'s LoopState)
+
 
 #: The live Accelerators, oldest first (a dict keeps insertion order; its values are weak).
-_live: weakref.WeakValueDictionary[int, Accelerator] = weakref.WeakValueDictionary()
+_live: weakref.WeakValueDictionary[int, AcceleratorLike] = weakref.WeakValueDictionary()
 
 
-def register(accelerator: Accelerator) -> None:
+def register(accelerator: AcceleratorLike) -> None:
     """``accelerator`` is the newest live one (its ``__init__`` calls this last)."""
     _live.pop(id(accelerator), None)
     _live[id(accelerator)] = accelerator
 
 
-def forget(accelerator: Accelerator) -> None:
+def forget(accelerator: AcceleratorLike) -> None:
     """``accelerator`` ended: windows made from now on do not find it."""
     if _live.get(id(accelerator)) is accelerator:
         del _live[id(accelerator)]
 
 
-def newest() -> Accelerator | None:
+def newest() -> AcceleratorLike | None:
     """The most recently created live Accelerator, or None."""
     accelerators = list(_live.values())
     return accelerators[-1] if accelerators else None
 
 
-def check_not_reset(accelerator: Accelerator, what: str) -> None:
+def check_not_reset(accelerator: AcceleratorLike, what: str) -> None:
     """Refuse ``what`` on an Accelerator that ``AcceleratorState._reset_state()`` forgot."""
     if accelerator.__dict__.get("_was_reset"):
         raise AttributeError(
@@ -188,7 +204,7 @@ class AcceleratorState:
         )
 
 
-def _changed(flag: str, accelerator: Accelerator) -> str:
+def _changed(flag: str, accelerator: AcceleratorLike) -> str:
     return (
         f"AcceleratorState({flag}) asks to change the live Accelerator's state "
         f"(mixed_precision={accelerator.mixed_precision!r}, device={accelerator.device}); "

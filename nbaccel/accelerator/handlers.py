@@ -24,7 +24,7 @@ What nbaccel does with a handler it cannot apply, where Accelerate would drop it
   the same script commonly runs on one process, or in full precision, while it is debugged.
 
 A communication hook is registered when ``prepare`` wraps the model in DDP, through the
-prepared model's ``register_comm_hook``, so the time breakdown still sees each bucket
+prepared model's ``register_comm_hook``, so the step meter still hears of each bucket ready
 (``strategies/ddp.py`` wraps the hook; DDP itself takes one).
 """
 
@@ -268,13 +268,25 @@ class Handlers:
                 "accelerator.autocast(autocast_handler=...), and drop it from kwargs_handlers."
             )
         idle = [
-            ("DistributedDataParallelKwargs", self.asked("ddp") or self._hooks(), not ddp,
-             f"this run does not use DDP ({distributed_type})"),
-            ("GradScalerKwargs", self.asked("scaler"), mode != "fp16",
-             f"mixed_precision={mode!r} uses no GradScaler (fp16 only)"),
-            ("AutocastKwargs", {**self.asked("autocast")}.keys() - {"enabled"}, mode == "no",
-             "mixed_precision='no' runs no autocast"),
-        ]  # fmt: skip
+            (
+                "DistributedDataParallelKwargs",
+                self.asked("ddp") or self._hooks(),
+                not ddp,
+                f"this run does not use DDP ({distributed_type})",
+            ),
+            (
+                "GradScalerKwargs",
+                self.asked("scaler"),
+                mode != "fp16",
+                f"mixed_precision={mode!r} uses no GradScaler (fp16 only)",
+            ),
+            (
+                "AutocastKwargs",
+                {**self.asked("autocast")}.keys() - {"enabled"},
+                mode == "no",
+                "mixed_precision='no' runs no autocast",
+            ),
+        ]
         for name, asked, unused, why in idle:
             if asked and unused:
                 warnings.warn(f"{name}: {why}, so it has nothing to configure.", stacklevel=3)

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..observe.breakdown import timed
+from ..observe.meter import untimed
 from .accumulation import AccumulationWindow
 
 if TYPE_CHECKING:
-    from ..observe.breakdown import Breakdown
+    from ..observe.meter import StepMeter
     from .precision import Precision
 
 
@@ -32,14 +32,15 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         optimizer: torch.optim.Optimizer,
         window: AccumulationWindow,
         precision: Precision,
-        breakdown: Breakdown | None = None,
+        meter: StepMeter | None = None,
     ) -> None:
         # Optimizer.__init__ is not called: param_groups and state belong to ``optimizer``.
         self.optimizer = optimizer
         self.window = window
         self.precision = precision
-        self.breakdown = breakdown  # times step() as compute
-        self._timed = timed(breakdown)  # runs step() as a compute span (or untimed)
+        self.meter = meter  # times step() as compute
+        # runs step() as a compute span (or untimed), looked up once
+        self._timed = untimed if meter is None else meter.optimizer_step
         window.track(optimizer)
         self.step_was_skipped = False  # fp16 found inf/NaN gradients on the last real step
         self.stepped = False  # the last step() call changed the weights

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from ..config import LaunchConfig
 from ..env import DistEnv, backend_for, choose_device
 from ..errors import NbaccelError
-from ..observe.breakdown import Breakdown, communicating
+from ..observe.meter import StepMeter, communicating
 from ..observe.stacks import listen_from_environ
 from . import collectives
 from .collectives import Reduction
@@ -65,9 +65,9 @@ class PartialState:
             is no group, and a warning says so.
     """
 
-    #: The Accelerator's ``nbaccel.observe.breakdown``, which counts the collectives below as
-    #: communication; a bare PartialState times nothing.
-    _breakdown: Breakdown | None = None
+    #: The Accelerator's step meter (``nbaccel.observe.meter``), which times the collectives
+    #: below as communication; a bare PartialState times nothing.
+    _meter: StepMeter | None = None
 
     def __init__(self, cpu: bool | None = None, **kwargs: Any) -> None:
         if kwargs.keys() - {"backend", "init_method", "timeout"}:
@@ -277,7 +277,7 @@ class PartialState:
         be alive: without it, torch's collectives would quietly return this rank's value."""
         if self.use_distributed and (self._ended or not _alive(self._group)):
             raise NbaccelError(self._group_gone(name))
-        return communicating(self._breakdown, name)
+        return communicating(self._meter, name)
 
     def _group_gone(self, name: str) -> str:
         if self._ended:

@@ -152,20 +152,30 @@ def slurm_command(args: argparse.Namespace) -> int:
     time = int(args.time) if args.time and args.time.isdigit() else args.time
     try:
         cluster = SlurmCluster(
-            args.partition, time, args.account, args.gpus_per_node, args.cpus_per_task,
+            args.partition,
+            time,
+            args.account,
+            args.gpus_per_node,
+            args.cpus_per_task,
             args.folder,
-        )  # fmt: skip
+        )
         if args.print_script:
             print(cluster.batch_script(args.num_nodes))
             return 0
         script = args.script if args.module else os.path.abspath(args.script)
         notebook_launcher(
-            run_script, args=(script, list(args.script_args), args.module),
-            num_processes=args.num_processes, num_nodes=args.num_nodes,
-            mixed_precision=args.mixed_precision, cpu=args.cpu, fsdp=args.fsdp,
-            deepspeed=args.deepspeed, zero_stage=args.zero_stage, timeout=args.timeout,
+            run_script,
+            args=(script, list(args.script_args), args.module),
+            num_processes=args.num_processes,
+            num_nodes=args.num_nodes,
+            mixed_precision=args.mixed_precision,
+            cpu=args.cpu,
+            fsdp=args.fsdp,
+            deepspeed=args.deepspeed,
+            zero_stage=args.zero_stage,
+            timeout=args.timeout,
             cluster=cluster,
-        )  # fmt: skip
+        )
     except KeyboardInterrupt:  # the launch has cancelled the job and said where the ranks were
         print("nbaccel launch: stopped by SIGINT; the workers were ended.", file=sys.stderr)
         return 128 + signal.SIGINT  # as the local path, and a shell, say Ctrl-C

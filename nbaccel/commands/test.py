@@ -37,9 +37,13 @@ def test_command(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         timings = notebook_launcher(
-            check_one_step, num_processes=2, mixed_precision="no", cpu=cpu,
-            start_method="spawn", timeout=args.timeout,
-        )  # fmt: skip
+            check_one_step,
+            num_processes=2,
+            mixed_precision="no",
+            cpu=cpu,
+            start_method="spawn",
+            timeout=args.timeout,
+        )
     except (NbaccelError, ValueError) as err:  # LaunchError, or an invalid config file
         print(f"FAILED: {where}: {err}")
         return 1

@@ -50,15 +50,18 @@ from .protocol import (
 
 BACKEND = "module://nbaccel.launch.figures"
 
-_channel: Connection | None = None
+# Process-wide on purpose: this process is one rank of one session, and what needs these has
+# no other way to them: ``display()``, called from the user's cells (or threads they start),
+# and the SIGINT handler, which Python calls with no argument of ours.
+_messages: Connection | None = None  # the rank's message socket, once serve_cells has it
 _lock = threading.Lock()  # display() from a thread the cell started: one message at a time
 _running = False  # a cell's own code runs: only then does SIGINT raise KeyboardInterrupt
 
 
-def serve_cells(channel: Connection) -> int:
+def serve_cells(messages: Connection) -> int:
     """Join the group, say so (``Done(0)``), then serve until EOF; the exit code."""
-    global _channel
-    _channel = channel
+    global _messages
+    _messages = messages
     signal.signal(signal.SIGINT, _on_interrupt)
     try:
         namespace = _start()
@@ -68,7 +71,7 @@ def serve_cells(channel: Connection) -> int:
     _send(Done(0))
     while True:
         try:
-            message = decode(channel.recv_bytes())
+            message = decode(messages.recv_bytes())
         except (EOFError, OSError):
             break
         if isinstance(message, Cell):
@@ -93,9 +96,14 @@ def _start() -> dict[str, Any]:
     dist.init_process_group(backend_for(device), rank=env.rank, world_size=env.world_size)
     main = types.ModuleType("__main__", "A ranks session's namespace on this rank.")
     main.__dict__.update(
-        __builtins__=builtins, rank=env.rank, world_size=env.world_size,
-        local_rank=env.local_rank, torch=torch, dist=dist, display=display,
-    )  # fmt: skip
+        __builtins__=builtins,
+        rank=env.rank,
+        world_size=env.world_size,
+        local_rank=env.local_rank,
+        torch=torch,
+        dist=dist,
+        display=display,
+    )
     sys.modules["__main__"] = main
     return main.__dict__
 
@@ -170,11 +178,11 @@ def _on_interrupt(signum, frame) -> None:
 
 
 def _send(message: Done | Display) -> None:
-    if _channel is None:
+    if _messages is None:
         raise RuntimeError("display() works in a cell of a ranks session (%%ranks)")
     data = encode(message)
     with _lock:
-        _channel.send_bytes(data)
+        _messages.send_bytes(data)
 
 
 def _leave() -> None:

@@ -26,15 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import itertools
 import os
 import signal
 import socket
 import subprocess
 import sys
 
+from .. import errors
 from ..config import load_config
 from ..env import PRESTART_VAR, in_notebook
-from ..errors import LaunchError
 from ..observe.live.panel import warm_up
 from .protocol import Message, Refused, Signal, Start, Started, WorkerSpec, recv, send
 from .rendezvous import import_torch_distributed
@@ -56,6 +57,11 @@ class ForkServer:
         theirs.close()
         self.sock = ours
         self.pending: list[Message] = []  # exit reports that arrived while waiting for Started
+        self._launches = itertools.count()  # each launch's number, by which the server knows it
+
+    def next_launch(self) -> int:
+        """A number for the next launch or session on this server: one no other has had."""
+        return next(self._launches)
 
     def start(self, launch: int, specs: list[WorkerSpec], fds: list[int]) -> tuple[int, ...]:
         """Fork the workers; their pids, or ``LaunchError`` when the server refused (nothing
@@ -66,7 +72,7 @@ class ForkServer:
             if isinstance(message, Started) and message.launch == launch:
                 return message.pids
             if isinstance(message, Refused) and message.launch == launch:
-                raise LaunchError(
+                raise errors.LaunchError(
                     f"nbaccel's fork server (pid {self.process.pid}) refused the launch: "
                     f"{message.reason}"
                 )
@@ -95,7 +101,11 @@ class ForkServer:
             self.process.wait()
 
 
-_servers: dict[int, ForkServer] = {}  # process-wide by design: one helper per kernel, by pid
+# Process-wide by design: the kernel's one warm fork server, kept between launches (started
+# ahead at import: ``prestart``) so that each launch finds torch imported. Keyed by pid: a
+# child forked from this process (a DataLoader worker of a one-process launch, say) inherits
+# the dict but finds no server of its own, so it never uses or closes its parent's.
+_servers: dict[int, ForkServer] = {}
 
 
 def shared_server() -> ForkServer:

@@ -1,12 +1,12 @@
 """File descriptors: what a launch's workers cost in open files, and the fix when they do not fit.
 
-Each worker talks to the notebook through four channels (``protocol.FDS_PER_WORKER``): its stdout
-and stderr pipes, its message socket and its metrics socket. The launching process makes both
-ends of each, hands the worker's ends to the fork server and closes them once the server has its
-copies: eight descriptors a worker while the launch starts, four after. A process may hold no
-more than its soft ``RLIMIT_NOFILE`` (often 1024, or what ``ulimit -n`` set before Jupyter
-started), so a launch checks that its workers fit before it makes any (``check_room``), and says
-the limit and the fix when they do not (``no_room``).
+Each worker talks to the notebook through four descriptors (``protocol.FDS_PER_WORKER``): its stdout
+and stderr pipes, its message socket and its metrics socket (its channel). The launching process
+makes both ends of each, hands the worker's ends to the fork server and closes them once the server
+has its copies: eight descriptors a worker while the launch starts, four after. A process may hold
+no more than its soft ``RLIMIT_NOFILE`` (often 1024, or what ``ulimit -n`` set before Jupyter
+started), so a launch checks that its workers fit before it makes any (``check_room``), and says the
+limit and the fix when they do not (``no_room``).
 
 The fork server raises its own soft limit to the hard one when it starts (``raise_limit``; its
 loop is epoll, so high-numbered descriptors are fine) and gives each worker it forks the
@@ -20,11 +20,15 @@ import os
 import resource
 import socket
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
-from ..errors import LaunchError
+from .. import errors
 from .protocol import FDS_PER_WORKER, MissingDescriptors
 
-WHILE_STARTING = 2 * FDS_PER_WORKER  # both ends of each channel, until the server has its own
+if TYPE_CHECKING:
+    from ..errors import LaunchError
+
+WHILE_STARTING = 2 * FDS_PER_WORKER  # both ends of each, until the server has its own
 HEADROOM = 32  # the launch's own beside the workers': the supervisor's selector, the store's
 UNLIMITED = resource.RLIM_INFINITY
 
@@ -78,7 +82,7 @@ def no_room(workers: int, opened: int | None, err: OSError | None = None) -> Lau
         n = n if hard == UNLIMITED else min(n, hard)
         fits = _fits(soft, opened)
         fewer = f", or launch fewer processes (num_processes={fits} fits now)" if fits else ""
-        return LaunchError(
+        return errors.LaunchError(
             text + "Raise the soft limit in the kernel, then launch again:\n"
             f"    import resource; resource.setrlimit(resource.RLIMIT_NOFILE, ({n}, {_code(hard)}))"
             f"\nor start Jupyter after `ulimit -n {n}`{fewer}."
@@ -89,7 +93,7 @@ def no_room(workers: int, opened: int | None, err: OSError | None = None) -> Lau
         if soft < hard
         else ""
     )
-    return LaunchError(
+    return errors.LaunchError(
         text + "The hard limit is too low for that many: launch fewer processes (num_processes="
         f"{_fits(soft, opened)} fits now{raised}), or start Jupyter with a higher hard limit "
         f"(`ulimit -Hn {n}` as root, or `nofile` in /etc/security/limits.conf)."
@@ -123,8 +127,8 @@ def raise_limit() -> tuple[int, int]:
 
 
 def worker_ends(workers: int, opened: int | None) -> tuple[tuple, list[int]]:
-    """One worker's four channels as (the launcher's ends, the worker's descriptors): the stdout
-    and stderr pipes (the launcher reads their descriptors), the message socket (a
+    """One worker's pipes and sockets as (the launcher's ends, the worker's descriptors): the
+    stdout and stderr pipes (the launcher reads their descriptors), the message socket (a
     ``Connection``), the metrics socket (datagrams, read without blocking).
     All four or none: what was made before a failure is closed again, and running out of
     descriptors (``opened`` before the first of the launch's ``workers``) raises ``no_room``."""
@@ -140,11 +144,11 @@ def worker_ends(workers: int, opened: int | None) -> tuple[tuple, list[int]]:
         if isinstance(err, OSError) and err.errno in (errno.EMFILE, errno.ENFILE):
             raise no_room(workers, opened, err) from err
         raise
-    out_r, out_w, err_r, err_w, channel, their_channel, metrics, their_metrics = made
+    out_r, out_w, err_r, err_w, messages, their_messages, metrics, their_metrics = made
     datagrams = socket.socket(fileno=metrics)
     datagrams.setblocking(False)
-    ours = (out_r, err_r, Connection(channel), datagrams)
-    return ours, [out_w, err_w, their_channel, their_metrics]
+    ours = (out_r, err_r, Connection(messages), datagrams)
+    return ours, [out_w, err_w, their_messages, their_metrics]
 
 
 def _needed(workers: int, opened: int) -> int:

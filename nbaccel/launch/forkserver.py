@@ -191,7 +191,7 @@ def _die_with(server: int) -> None:
         os._exit(1)
 
 
-def _worker(spec: WorkerSpec, out_fd: int, err_fd: int, channel_fd: int, metrics_fd: int) -> int:
+def _worker(spec: WorkerSpec, out_fd: int, err_fd: int, messages_fd: int, metrics_fd: int) -> int:
     os.setpgid(0, 0)  # one group per worker, so a stop reaches its DataLoader workers too
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -202,10 +202,10 @@ def _worker(spec: WorkerSpec, out_fd: int, err_fd: int, channel_fd: int, metrics
     os.close(err_fd)
     sys.stdout.reconfigure(line_buffering=True)  # whole lines reach the notebook
     sys.stderr.reconfigure(line_buffering=True)
-    return run_worker(spec, channel_fd, metrics_fd)
+    return run_worker(spec, messages_fd, metrics_fd)
 
 
-def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
+def run_worker(spec: WorkerSpec, messages_fd: int, metrics_fd: int) -> int:
     """Set up this process as the spec says, run the function, report; returns the exit code."""
     import faulthandler
     from multiprocessing.connection import Connection
@@ -224,30 +224,30 @@ def run_worker(spec: WorkerSpec, channel_fd: int, metrics_fd: int) -> int:
     torch.set_num_threads(spec.threads)
     listen_from_environ()  # answers "where are you?" while the function runs (stacks.py)
     keep_groups_until_exit()
-    channel = Connection(channel_fd)
+    messages = Connection(messages_fd)
     if spec.session:  # a ranks session's rank: cells until the kernel lets go
         from .cells import serve_cells
 
-        return serve_cells(channel)
+        return serve_cells(messages)
     try:
-        function, args, kwargs = unpack_call(channel.recv_bytes())
+        function, args, kwargs = unpack_call(messages.recv_bytes())
         sys.argv[:] = [getattr(function, "__qualname__", repr(function))]  # not the server's
         value = function(*args, **kwargs)
         close_all()  # the last records reach the notebook before the result does
-        channel.send_bytes(encode(returned(value)))
+        messages.send_bytes(encode(returned(value)))
         code = 0
     except SystemExit as exit_:
         close_all()
         code, shown = _exit_status(exit_)
         if code == 0:  # sys.exit(0) as a way out: the value is None, the launcher says so
-            channel.send_bytes(encode(Result(cloudpickle.dumps(None), "NoneType", exited=True)))
+            messages.send_bytes(encode(Result(cloudpickle.dumps(None), "NoneType", exited=True)))
         else:  # what Python prints for it, and where it was raised
             data = replace(_describe(exit_), message=shown)
-            channel.send_bytes(encode(Failure(data, exit_code=code)))
+            messages.send_bytes(encode(Failure(data, exit_code=code)))
     except BaseException as err:
         close_all()  # the records up to the failure reach the notebook before it does
         data = _describe(err)
-        channel.send_bytes(encode(Failure(data, is_collective_failure(err, data.message))))
+        messages.send_bytes(encode(Failure(data, is_collective_failure(err, data.message))))
         code = 1
     finally:
         sys.stdout.flush()

@@ -6,7 +6,9 @@ importing ``nbaccel.launch.forkserver`` would find another copy.
 
 from __future__ import annotations
 
-KEPT_GROUPS: list = []  # the process groups destroyed in this worker, freed only by its os._exit
+# The process groups destroyed in this worker, freed only by its os._exit. Process-wide, as
+# torch's default group is: destroy_process_group may be called from anywhere in the worker.
+KEPT_GROUPS: list = []
 
 
 def keep_groups_until_exit() -> None:

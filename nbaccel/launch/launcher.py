@@ -59,11 +59,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from .. import errors
 from ..config import LaunchConfig, check_seconds, load_config
 from ..env import device_label
-from ..errors import LaunchError, NbaccelError, RankFailure
+from ..errors import NbaccelError, RankFailure
 from ..observe.channel import local_run
 from ..observe.hang import check_stall_warning
 from ..observe.hf.common import empty_hint
@@ -73,9 +74,12 @@ from ..observe.records import Run
 from .arguments import check_call, check_notebook_launch, check_options
 from .client import prestart
 from .protocol import ExceptionData, pack_call
-from .rendezvous import loopback_interface, rendezvous
+from .rendezvous import meeting, worker_envs
 from .slurm import SlurmCluster
-from .supervisor import Launch, LaunchSpec
+from .supervisor import Attempt, LaunchSpec
+
+if TYPE_CHECKING:
+    from ..errors import LaunchError
 
 
 def notebook_launcher(
@@ -185,19 +189,27 @@ def notebook_launcher(
     check_options(return_all=return_all, output=output, live=live, run=run)
     check_options(cpu=cpu, fsdp=fsdp, deepspeed=deepspeed, master_addr=master_addr)
     stall_warning = check_stall_warning(stall_warning)
+    asked = {  # what every launch is asked; on a cluster, also where the nodes are
+        "num_processes": num_processes,
+        "mixed_precision": mixed_precision,
+        "cpu": cpu,
+        "fsdp": fsdp,
+        "deepspeed": deepspeed,
+        "zero_stage": zero_stage,
+    }
     if cluster is not None:  # the nodes meet where SLURM puts them: no address to give
-        config = LaunchConfig.from_arguments(
-            num_processes=num_processes, mixed_precision=mixed_precision, cpu=cpu, fsdp=fsdp,
-            deepspeed=deepspeed, zero_stage=zero_stage, defaults=load_config(),
-        )  # fmt: skip
+        config = LaunchConfig.from_arguments(**asked, defaults=load_config())
         on = (num_nodes, cluster, return_all, timeout, _view(live, function), run)
         return _run_on_cluster(function, args, kwargs, config, *on)
     config = LaunchConfig.from_arguments(
-        num_processes=num_processes, mixed_precision=mixed_precision, cpu=cpu, fsdp=fsdp,
-        deepspeed=deepspeed, zero_stage=zero_stage, num_nodes=num_nodes, node_rank=node_rank,
-        master_addr=master_addr, master_port=master_port, max_restarts=max_restarts,
+        **asked,
+        num_nodes=num_nodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        max_restarts=max_restarts,
         defaults=load_config(),
-    )  # fmt: skip
+    )
     check_notebook_launch(config, start_method, monitor_interval, rdzv_backend)
     run = run if run is not None else Run()
     run.world_size = config.world_size
@@ -215,8 +227,9 @@ def notebook_launcher(
     return values if return_all else values[0]
 
 
-def _run_on_cluster(function, args, kwargs, config, nodes, cluster, return_all, timeout, live,
-                    run) -> Any:  # fmt: skip
+def _run_on_cluster(
+    function, args, kwargs, config, nodes, cluster, return_all, timeout, live, run
+) -> Any:
     from .slurm import launch
 
     if not isinstance(cluster, SlurmCluster):
@@ -231,8 +244,8 @@ def _run_on_cluster(function, args, kwargs, config, nodes, cluster, return_all, 
     view = live if isinstance(live, LiveView) else LiveView() if live else None
     run.started = time.time()  # the launch's clock, as a local launch's (``Run.timing``)
     try:
-        values = launch(payload, environ, config.num_processes, nodes, cluster, return_all,
-                        timeout, run, view)  # fmt: skip
+        on = (config.num_processes, nodes, cluster, return_all, timeout, run, view)
+        values = launch(payload, environ, *on)
     finally:
         run.finished = time.time()
         if view is not None:
@@ -253,47 +266,16 @@ def _run_workers(payload: bytes, config: LaunchConfig, watch: dict, live, run: R
     """Start the workers, and again after a failure while ``config.max_restarts`` allow."""
     view = live if isinstance(live, LiveView) else LiveView() if live else None
 
-    def start(port: int, attempt: int) -> Launch:
-        envs = _worker_envs(config, port, attempt)
+    def start(port: int, attempt: int) -> Attempt:
+        envs = worker_envs(config, port, attempt)
         spec = LaunchSpec(envs, payload, int(envs[0]["OMP_NUM_THREADS"]), **watch)
-        return Launch(spec, run=run, view=view)
+        return Attempt(spec, run=run, view=view)
 
     try:
         return _attempts(config, start, run)
     finally:
         if view is not None:
             view.close(run)
-
-
-def _worker_envs(config: LaunchConfig, port: int, attempt: int) -> tuple[dict[str, str], ...]:
-    """Each local worker's environment: torchrun's variables at this rendezvous, in this
-    attempt, and the launch's own (``LaunchConfig.to_environ``)."""
-    common = {
-        **os.environ,
-        **config.to_environ(),
-        "TORCHELASTIC_USE_AGENT_STORE": "True",  # the store we host is the rendezvous
-        "MASTER_ADDR": config.master_addr or "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "WORLD_SIZE": str(config.world_size),
-        "LOCAL_WORLD_SIZE": str(config.num_processes),
-        "GROUP_RANK": str(config.node_rank),
-        "TORCHELASTIC_RESTART_COUNT": str(attempt),
-        "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
-    }
-    loopback = loopback_interface() if config.num_nodes == 1 else None
-    if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
-        common["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
-    first = config.node_rank * config.num_processes
-    return tuple(
-        {**common, "RANK": str(first + local), "LOCAL_RANK": str(local)}
-        for local in range(config.num_processes)
-    )
-
-
-def _meeting(config: LaunchConfig):
-    """This launch's rendezvous (a new store each time it is entered); yields the port."""
-    addr = config.master_addr or "127.0.0.1"
-    return rendezvous(config.num_nodes, config.node_rank, addr, config.master_port)
 
 
 def _attempts(config: LaunchConfig, start, run: Run) -> list[Any]:
@@ -303,20 +285,20 @@ def _attempts(config: LaunchConfig, start, run: Run) -> list[Any]:
     while True:
         if attempt:  # the Run starts over with the workers: records from step 0 again
             run.reset()
-        with _meeting(config) as port:  # a new store for every attempt: nothing stale in it
+        with meeting(config) as port:  # a new store for every attempt: nothing stale in it
             run.started = time.time()
-            launch = start(port, attempt)
+            this = start(port, attempt)
             try:
-                return launch.execute()
-            except LaunchError as err:
+                return this.execute()
+            except errors.LaunchError as err:
                 if not max_restarts:
                     raise
-                if not launch.worker_failed or attempt == max_restarts:
-                    raise _attempts_error(err, earlier, launch, max_restarts) from None
+                if not this.worker_failed or attempt == max_restarts:
+                    raise _attempts_error(err, earlier, this, max_restarts) from None
                 earlier.append(err.root_cause.describe() if err.root_cause else str(err))
                 print(
                     f"nbaccel: attempt {attempt + 1} of {attempts} failed: {earlier[-1]}. "
-                    f"Restarting all {len(launch.spec.envs)} workers, attempt {attempt + 2} of "
+                    f"Restarting all {len(this.spec.envs)} workers, attempt {attempt + 2} of "
                     f"{attempts}.",
                     file=sys.stderr,
                     flush=True,
@@ -342,11 +324,14 @@ def _attempts_error(err: LaunchError, earlier: list[str], last, max_restarts: in
         )
     lines = [f"{header}.", *(f"  attempt {i}: {c}" for i, c in enumerate(earlier, 1))]
     lines += ["", f"attempt {made}: {err}"]
-    # the same class as the last attempt's (a worker failure is also torch's ChildFailedError)
-    return type(err)("\n".join(lines), err.failures, err.run, results=err.results)
+    return errors.LaunchError("\n".join(lines), err.failures, err.run, results=err.results)
 
 
-_launch_lock = threading.Lock()  # process-wide: one launch at a time per kernel
+# Process-wide on purpose: every launch of this process reads the one shared fork server's
+# socket (``client.shared_server``), and a one-process launch sets torchrun's variables in this
+# process's os.environ; two launches at once (from threads) would take each other's exit
+# reports and variables, so a second one is refused, not queued.
+_launch_lock = threading.Lock()
 
 
 @contextmanager
@@ -361,9 +346,9 @@ def _launch_slot():
 
 def _run_here(function, args, kwargs, config: LaunchConfig, run: Run) -> Any:
     """One process: run here, with a worker's environment and errors, recording into ``run``."""
-    with _meeting(config) as port:
+    with meeting(config) as port:
         run.started = time.time()
-        value = _call_here(function, args, kwargs, _worker_envs(config, port, 0)[0], run)
+        value = _call_here(function, args, kwargs, worker_envs(config, port, 0)[0], run)
         run.results, run.finished = {0: value}, time.time()
     return value
 
@@ -382,11 +367,11 @@ def _call_here(function, args, kwargs, env: dict[str, str], run: Run) -> Any:
             return None
         code, message = (exit_.code, "") if isinstance(exit_.code, int) else (1, str(exit_.code))
         failure = RankFailure(0, os.getpid(), code, "SystemExit", message)
-        raise LaunchError(f"{failure.describe()} (traceback above)", [failure]) from exit_
+        raise errors.LaunchError(f"{failure.describe()} (traceback above)", [failure]) from exit_
     except Exception as err:
         message = ExceptionData.of(err).message  # whatever its __str__ does
         failure = RankFailure(0, os.getpid(), None, type(err).__qualname__, message)
-        raise LaunchError(f"{failure.describe()} (traceback above)", [failure]) from err
+        raise errors.LaunchError(f"{failure.describe()} (traceback above)", [failure]) from err
     finally:
         close_all()  # what a function without end_training() left: its last numbers and drawing
         local_run.reset(token)

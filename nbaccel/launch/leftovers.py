@@ -101,11 +101,11 @@ def _ended(process: psutil.Process) -> bool:
         return True
 
 
-def sweep(marker: str, workers: dict[int | None, int], session: int, grace: float = 3.0) -> None:
+def sweep(marker: str, workers: dict[int | None, int], session: int, grace: float) -> None:
     """End what the launch left running and say so, one line each, on stderr; name what was
     detached. ``workers``: each worker's pid -> its rank. The workers themselves (still dying
     when the fork server was lost) are ended without a word: the launch's error tells of them.
-    ``grace``: seconds between SIGTERM and SIGKILL, as the supervisor's."""
+    ``grace``: seconds between SIGTERM and SIGKILL (``supervisor.GRACE_SECONDS``)."""
     groups = {pid: rank for pid, rank in workers.items() if pid is not None}
     if not groups:
         return
@@ -127,11 +127,11 @@ def sweep(marker: str, workers: dict[int | None, int], session: int, grace: floa
         sys.stderr.flush()
 
 
-def lost_server(launch) -> str:
-    """What the cell says when the fork server of ``launch`` (``supervisor.Launch``) died."""
-    running = [r.rank for r in launch.ranks if r.result is None]
+def lost_server(facts) -> str:
+    """What the cell says when the fork server of an attempt (its ``verdict.Facts``) died."""
+    running = [r.rank for r in facts.ranks if r.result is None]
     return (
-        f"nbaccel's fork server (pid {launch.server_pid}) died while ranks {running} ran: "
+        f"nbaccel's fork server (pid {facts.server_pid}) died while ranks {running} ran: "
         "something outside it ended it (the OOM killer, a process monitor?), and its workers "
         "died with it (anything they started was ended too). The next launch starts a new "
         "server."

@@ -1,4 +1,5 @@
-"""Where a launch's workers meet: torch's TCPStore, hosted by the launching process.
+"""Where a launch's workers meet: torch's TCPStore, hosted by the launching process, and the
+environment that sends each worker there (``worker_envs``).
 
 The store listens on a socket this process bound itself (port 0: the OS picks a free one, no
 race), on loopback unless ``num_nodes > 1``; workers join it as clients, exactly as under
@@ -9,15 +10,49 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import signal
 import socket
 import sys
 import threading
 from contextlib import contextmanager
 
+from ..config import LaunchConfig
 from ..errors import NbaccelError
 
 logger = logging.getLogger(__name__)
+
+
+def meeting(config: LaunchConfig):
+    """``config``'s rendezvous (a new store each time it is entered); yields the port. A launch
+    meets at a new one for every attempt, a ranks session at one for its life."""
+    addr = config.master_addr or "127.0.0.1"
+    return rendezvous(config.num_nodes, config.node_rank, addr, config.master_port)
+
+
+def worker_envs(config: LaunchConfig, port: int, attempt: int) -> tuple[dict[str, str], ...]:
+    """Each local worker's environment: torchrun's variables at this rendezvous, in this
+    attempt, and the launch's own (``LaunchConfig.to_environ``)."""
+    common = {
+        **os.environ,
+        **config.to_environ(),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",  # the store we host is the rendezvous
+        "MASTER_ADDR": config.master_addr or "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(config.world_size),
+        "LOCAL_WORLD_SIZE": str(config.num_processes),
+        "GROUP_RANK": str(config.node_rank),
+        "TORCHELASTIC_RESTART_COUNT": str(attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
+    }
+    loopback = loopback_interface() if config.num_nodes == 1 else None
+    if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
+        common["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
+    first = config.node_rank * config.num_processes
+    return tuple(
+        {**common, "RANK": str(first + local), "LOCAL_RANK": str(local)}
+        for local in range(config.num_processes)
+    )
 
 
 @contextmanager

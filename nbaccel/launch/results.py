@@ -13,7 +13,8 @@ import logging
 import sys
 from typing import Any
 
-from ..errors import RETURN_INSTEAD, LaunchError, RankFailure
+from .. import errors
+from ..errors import RETURN_INSTEAD, RankFailure
 
 logger = logging.getLogger(__name__)
 
@@ -21,9 +22,10 @@ logger = logging.getLogger(__name__)
 def collect(ranks: list, return_all: bool, run) -> list[Any]:
     """The values the call returns: rank 0's, or each local rank's with ``return_all``.
 
-    ``ranks``: the supervisor's, each with ``rank``, ``pid`` and ``result`` (a
-    ``protocol.Result``). Every value that can be rebuilt goes to ``run.results``; one of a rank
-    the call does not return that cannot is left out, with a warning in the log.
+    ``ranks``: each with ``rank``, ``pid`` and ``result`` (a ``protocol.Result``): an
+    attempt's ``verdict.RankFacts``, or a SLURM job's. Every value that can be rebuilt goes to
+    ``run.results``; one of a rank the call does not return that cannot is left out, with a
+    warning in the log.
     """
     import cloudpickle
 
@@ -50,7 +52,7 @@ def collect(ranks: list, return_all: bool, run) -> list[Any]:
         )
     if lost:
         run.failures = lost
-        raise LaunchError(_report(lost, values), lost, run, results=values)
+        raise errors.LaunchError(_report(lost, values), lost, run, results=values)
     return [values[r.rank] for r in returned]
 
 

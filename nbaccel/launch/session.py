@@ -47,17 +47,17 @@ from typing import Any, Literal
 
 import psutil
 
+from .. import errors
 from ..config import LaunchConfig, check_seconds, load_config
 from ..env import LAUNCH_VAR, STACKS_VAR, device_label
 from ..errors import NbaccelError, RankFailure
 from . import client, descriptors, leftovers, memory
 from .cells import BACKEND
-from .launcher import _meeting, _worker_envs
 from .protocol import Cell, Done, Exited, Signal, WorkerSpec, recv, send
 from .relay import Relay
-from .rendezvous import import_torch_distributed, interrupt_held
-from .supervisor import _launch_ids
-from .waiter import GRACE_S, LEAVE_S, CellError, Waiter, _Rank
+from .rendezvous import import_torch_distributed, interrupt_held, meeting, worker_envs
+from .supervisor import GRACE_SECONDS
+from .waiter import LEAVE_S, SessionRank, Waiter
 
 START_S = 120.0  # for the ranks to fork and join their group: only a broken machine takes long
 
@@ -104,17 +104,22 @@ class Ranks:
             "timeout", timeout, "600", none="let a cell run as long as it takes", default=False
         )
         self.stall_timeout = check_seconds("stall_timeout", stall_timeout, "10", none="never")
-        for name, value, allowed in (("output", output, ("all", "main")),
-                                     ("on_hang", on_hang, ("keep", "restart"))):  # fmt: skip
+        choices = (("output", output, ("all", "main")), ("on_hang", on_hang, ("keep", "restart")))
+        for name, value, allowed in choices:
             if value not in allowed:
                 raise NbaccelError(f"{name}={value!r}: give one of {', '.join(allowed)}")
         self.output, self.on_hang, self.live = output, on_hang, bool(live)
         self.config = LaunchConfig.from_arguments(
-            num_processes=num_processes, mixed_precision=mixed_precision, cpu=cpu, fsdp=fsdp,
-            deepspeed=deepspeed, zero_stage=zero_stage, defaults=load_config(),
-        )  # fmt: skip
+            num_processes=num_processes,
+            mixed_precision=mixed_precision,
+            cpu=cpu,
+            fsdp=fsdp,
+            deepspeed=deepspeed,
+            zero_stage=zero_stage,
+            defaults=load_config(),
+        )
         self.device = device_label("cuda" if self.config.gpus else "cpu")  # the ranks' choice
-        self.ranks: list[_Rank] = []
+        self.ranks: list[SessionRank] = []
         self.server: client.ForkServer | None = None
         self.broken: str | None = None  # why the ranks were stopped, said by every later cell
         self._numbers = itertools.count(1)
@@ -127,7 +132,7 @@ class Ranks:
         """Fork the ranks and wait until each joined the group (``START_S`` at most)."""
         if self.ranks:
             raise NbaccelError("the ranks are running already: stop() or restart() first")
-        self.broken, self.id, self.marker = None, next(_launch_ids), os.urandom(8).hex()
+        self.broken, self.id, self.marker = None, None, os.urandom(8).hex()
         self.stacks_dir = tempfile.mkdtemp(prefix="nbaccel-stacks-")
         self.relay = Relay(self.output)
         self.memory_start = memory.snapshot()  # to tell an out-of-memory kill (memory.py)
@@ -143,16 +148,17 @@ class Ranks:
     def _fork(self) -> None:
         with interrupt_held():  # a press now ends the start once the server is held
             self.server = client.take_server()
-        port = self._closing.enter_context(_meeting(self.config))
-        envs = _worker_envs(self.config, port, 0)
+        self.id = self.server.next_launch()  # the server's number for these ranks
+        port = self._closing.enter_context(meeting(self.config))
+        envs = worker_envs(self.config, port, 0)
         opened = descriptors.check_room(len(envs))
         specs, theirs = [], []
         try:
             for local, env in enumerate(envs):
                 env = {**env, STACKS_VAR: self.stacks_dir, LAUNCH_VAR: self.marker}
                 env["MPLBACKEND"] = BACKEND
-                (out, err, channel, metrics), fds = descriptors.worker_ends(len(envs), opened)
-                self.ranks.append(_Rank(int(env["RANK"]), out, err, channel, metrics))
+                (out, err, messages, metrics), fds = descriptors.worker_ends(len(envs), opened)
+                self.ranks.append(SessionRank(int(env["RANK"]), out, err, messages, metrics))
                 self.relay.add(out, self.ranks[-1].rank, "out")
                 self.relay.add(err, self.ranks[-1].rank, "err")
                 theirs += fds
@@ -175,7 +181,8 @@ class Ranks:
             end_ranks(server, self.id, ranks)
             for r in ranks:
                 r.close()
-            leftovers.sweep(self.marker, {r.pid: r.rank for r in ranks}, server.process.pid)
+            pids = {r.pid: r.rank for r in ranks}
+            leftovers.sweep(self.marker, pids, server.process.pid, GRACE_SECONDS)
             if keep_server:
                 client.give_back(server)
             else:
@@ -247,7 +254,7 @@ class Ranks:
         waiter = Waiter(self, number, targets, limit, what)
         try:
             return waiter.wait(message)
-        except CellError as err:
+        except errors.CellError as err:
             if self.broken:  # a rank died: the group cannot be trusted, the others end too
                 end_ranks(self.server, self.id, self.ranks, gentle=False)
             if err.hung and self.on_hang == "restart":
@@ -259,12 +266,16 @@ class Ranks:
     def _targets(self, ranks: int | list[int] | None) -> list[int]:
         if not self.ranks:
             why = f" {self.broken}" if self.broken else ""
-            raise NbaccelError(f"no ranks are running.{why} Start them: %ranks start N, "
-                               "or Ranks(N); %ranks restart after a failure.")  # fmt: skip
+            raise NbaccelError(
+                f"no ranks are running.{why} Start them: %ranks start N, or Ranks(N); "
+                "%ranks restart after a failure."
+            )
         poll_deaths(self)
         if self.broken:
-            raise NbaccelError(f"{self.broken} Start fresh ranks with %ranks restart "
-                               "(Ranks.restart()); their state is lost.")  # fmt: skip
+            raise NbaccelError(
+                f"{self.broken} Start fresh ranks with %ranks restart (Ranks.restart()); their "
+                "state is lost."
+            )
         world = len(self.ranks)
         chosen = (
             list(range(world)) if ranks is None else [ranks] if isinstance(ranks, int) else ranks
@@ -274,13 +285,16 @@ class Ranks:
             raise NbaccelError(f"ranks={ranks!r}: give ranks between 0 and {world - 1}, each once")
         busy = [self.ranks[r] for r in chosen if self.ranks[r].busy is not None]
         if busy:
-            stuck = ", ".join(f"rank {r.rank} is still in cell {self.labels.get(r.busy, r.busy)}"
-                              for r in busy)  # fmt: skip
+            stuck = ", ".join(
+                f"rank {r.rank} is still in cell {self.labels.get(r.busy, r.busy)}" for r in busy
+            )
             idle = [r.rank for r in self.ranks if r.busy is None]
             free = ""
             if idle:
-                free = (f"run the collective it waits in on ranks {idle} (%%ranks "
-                        f"{','.join(map(str, idle))}) to free it, or ")  # fmt: skip
+                free = (
+                    f"run the collective it waits in on ranks {idle} (%%ranks "
+                    f"{','.join(map(str, idle))}) to free it, or "
+                )
             raise NbaccelError(f"{stuck}: {free}%ranks restart for fresh ranks.")
         return sorted(chosen)
 
@@ -292,8 +306,10 @@ class Ranks:
         rows = []
         for r in self.ranks:
             state = "idle" if r.busy is None else f"busy (cell {self.labels.get(r.busy, r.busy)})"
-            rows.append({"rank": r.rank, "pid": r.pid, "alive": r.exit_code is None,
-                         "state": state, "last_cell": r.last})  # fmt: skip
+            alive = r.exit_code is None
+            rows.append(
+                {"rank": r.rank, "pid": r.pid, "alive": alive, "state": state, "last_cell": r.last}
+            )
         return rows
 
     def __repr__(self) -> str:
@@ -304,20 +320,20 @@ class Ranks:
 
 # -- ending the ranks ---------------------------------------------------------------------------
 def end_ranks(
-    server: client.ForkServer, launch: int, ranks: list[_Rank], gentle: bool = True
+    server: client.ForkServer, launch: int, ranks: list[SessionRank], gentle: bool = True
 ) -> None:
     """End every rank still alive: idle ones leave at their socket's end (``gentle``), then
-    SIGTERM to each one's process group, SIGKILL after ``GRACE_S``; their exits heard."""
+    SIGTERM to each one's process group, SIGKILL after ``GRACE_SECONDS``; their exits heard."""
     ranks = [r for r in ranks if r.pid is not None]  # none forked when the server refused
     steps = [(None, LEAVE_S)] if gentle else []
-    steps += [(signal.SIGTERM, GRACE_S), (signal.SIGKILL, GRACE_S)]
+    steps += [(signal.SIGTERM, GRACE_SECONDS), (signal.SIGKILL, GRACE_SECONDS)]
     for sig, seconds in steps:
         if all(r.exit_code is not None for r in ranks):
             return
         try:
             if sig is None:
                 for r in ranks:
-                    r.channel.close()
+                    r.messages.close()
             else:
                 send(server.sock, Signal(launch, sig))
         except OSError:
@@ -327,7 +343,7 @@ def end_ranks(
             _hear(server, ranks, deadline - time.monotonic())
 
 
-def _hear(server: client.ForkServer, ranks: list[_Rank], timeout: float) -> None:
+def _hear(server: client.ForkServer, ranks: list[SessionRank], timeout: float) -> None:
     """Exit reports from the server for up to ``timeout`` seconds (0: those already in)."""
     messages = list(server.pending)
     server.pending.clear()
@@ -362,8 +378,10 @@ def poll_deaths(session: Ranks) -> None:
         failure = RankFailure(dead[0].rank, dead[0].pid, dead[0].exit_code)
         session.broken = f"{failure.describe()} between cells; the other ranks were stopped."
         if session.server.process.poll() is not None:  # its socket closed: the server died
-            session.broken = (f"nbaccel's fork server (pid {session.server.process.pid}) "
-                              "stopped between cells, and the ranks with it.")  # fmt: skip
+            session.broken = (
+                f"nbaccel's fork server (pid {session.server.process.pid}) stopped between "
+                "cells, and the ranks with it."
+            )
         end_ranks(session.server, session.id, session.ranks, gentle=False)
 
 

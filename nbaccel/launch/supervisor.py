@@ -1,9 +1,12 @@
-"""The supervisor of one launch, on the launcher's side.
+"""The supervisor of one launch's attempt, on the launcher's side. Over 400 lines because an
+attempt's event loop is one idea: its start, its select loop and what each event and the clock
+decide all read and write the attempt's state, and split they would scatter it.
 
-``Launch`` starts a launch's workers through the fork server (``ForkServer``, in
-``client.py``), relays their output line by line, receives their results, errors and
-metrics (typed messages of ``protocol.py``), stops everyone when one fails, and decides which
-failure was the root cause (``errors.py`` words it).
+``Attempt`` starts the workers through the fork server (``ForkServer``, in ``client.py``),
+relays their output line by line, receives their results, errors and metrics (typed messages
+of ``protocol.py`` on each worker's message socket; records on its channel), stops everyone
+when one fails, and hands what it saw (``verdict.Facts``) to ``verdict.py``, which decides
+which failure was the root cause (``errors.py`` words it).
 
 Before it stops ranks that had not finished (a timeout, the stop button), and when they stop
 making progress, it asks each where it is (``stacks.py``) and says so (``hang.py``).
@@ -11,7 +14,6 @@ making progress, it asks each where it is (``stacks.py``) and says so (``hang.py
 
 from __future__ import annotations
 
-import itertools
 import os
 import selectors
 import shutil
@@ -24,9 +26,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
+from .. import errors
 from ..env import LAUNCH_VAR, STACKS_VAR
-from ..errors import LaunchError
-from ..observe.channel import decode as decode_records
+from ..observe.channel import drain
 from ..observe.hang import Report, Stall, ask
 from ..observe.records import Run
 from . import descriptors, leftovers, memory, verdict
@@ -34,7 +36,7 @@ from .client import ForkServer, shared_server
 from .protocol import Exited, Failure, Message, Result, WorkerSpec, decode
 from .relay import Relay
 
-GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL when stopping workers
+GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL when stopping workers (a session's too)
 # How long a rank that lost a peer in a collective waits before the others are stopped: the
 # peer that left may still be on its way to say why (a `finally` that ended its process group
 # before its exception reached nbaccel). Only a hang lasts this long.
@@ -44,16 +46,16 @@ PEER_REPORT_SECONDS = 3.0
 STOP_GRACE_SECONDS = 0.5
 
 
-# -- one launch ----------------------------------------------------------------------------------
-_launch_ids = itertools.count()
-
-
+# -- one attempt ---------------------------------------------------------------------------------
 @dataclass
-class _Rank:
+class _Worker:
+    """One worker of an attempt, as the supervisor holds it: the launcher's ends of its pipes
+    and sockets, and what it reported so far."""
+
     rank: int
     out: int  # read ends of the worker's stdout and stderr pipes
     err: int
-    channel: Connection
+    messages: Connection  # its message socket: the call in, Result or Failure out
     pid: int | None = None
     exit_code: int | None = None
     result: Result | None = None  # its value, still pickled (results.py unpickles it)
@@ -83,8 +85,8 @@ class LaunchSpec:
     return_all: bool = False  # the call returns every local rank's value, not rank 0's alone
 
 
-class Launch:
-    """One attempt: start the workers, supervise them to the end, return or raise.
+class Attempt:
+    """One attempt of a launch: start the workers, supervise them to the end, return or raise.
 
     The caller owns ``view`` (a live view to update while waiting) and closes it.
     """
@@ -92,8 +94,9 @@ class Launch:
     def __init__(self, spec: LaunchSpec, *, run: Run | None = None, view=None) -> None:
         self.spec = spec
         self.run, self.view = run if run is not None else Run(), view
-        self.id, self.marker = next(_launch_ids), os.urandom(8).hex()  # see leftovers.py
-        self.ranks: list[_Rank] = []
+        self.id: int | None = None  # the fork server's number for it, once started
+        self.marker = os.urandom(8).hex()  # see leftovers.py
+        self.ranks: list[_Worker] = []
         self.relay = Relay(spec.output)
         self.failed_order: list[int] = []
         self.stopping_since: float | None = None
@@ -114,11 +117,14 @@ class Launch:
             except KeyboardInterrupt:
                 # mid-message, perhaps, or still importing torch: the next launch starts anew
                 server.close(grace=STOP_GRACE_SECONDS)
-                print("nbaccel: interrupted while the workers started; they were stopped.",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    "nbaccel: interrupted while the workers started; they were stopped.",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 raise
             except (EOFError, OSError) as err:
-                raise LaunchError(
+                raise errors.LaunchError(
                     f"nbaccel's fork server (pid {server.process.pid}) stopped while starting "
                     f"the workers ({err}); its own error, if any, is in the kernel's log. The "
                     "next launch starts a new server."
@@ -130,7 +136,7 @@ class Launch:
                 raise
             finally:
                 self._drain_metrics()
-            return verdict.outcome(self)
+            return verdict.judge(self.facts())
         finally:
             self.run.finished = time.time()
             self._finish(server)
@@ -148,8 +154,11 @@ class Launch:
             try:
                 self._supervise(server)
                 self.relay.end_line()
-                print(f"nbaccel: interrupted; the workers were stopped. {found}",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"nbaccel: interrupted; the workers were stopped. {found}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return
             except KeyboardInterrupt:  # pressed again: the grace is over, _on_clock kills
                 self.stopping_since = time.monotonic() - GRACE_SECONDS
@@ -160,17 +169,37 @@ class Launch:
         would wait as long) nor a lost fork server (nbaccel's own failure)."""
         return bool(self.failed_order) and not self.timed_out and not self.server_died
 
+    def facts(self) -> verdict.Facts:
+        """What this attempt saw, for its verdict."""
+        ranks = tuple(
+            verdict.RankFacts(r.rank, r.pid, r.exit_code, r.result, r.error, r.signaled, r.unseen)
+            for r in self.ranks
+        )
+        return verdict.Facts(
+            ranks,
+            tuple(self.failed_order),
+            self.run,
+            return_all=self.spec.return_all,
+            timeout=self.spec.timeout,
+            timed_out=self.timed_out,
+            found=self.found,
+            killed=self.killed,
+            server_died=self.server_died,
+            server_pid=self.server_pid,
+            memory_start=self.memory_start,
+        )
+
     def _start(self, server: ForkServer) -> None:
         workers = len(self.spec.envs)
         opened = descriptors.check_room(workers)  # before any is made: the limit, and the fix
         specs, worker_fds = [], []
-        self.server_pid = server.process.pid
+        self.server_pid, self.id = server.process.pid, server.next_launch()
         self.stacks_dir = tempfile.mkdtemp(prefix="nbaccel-stacks-")
         try:  # the ranks' own ends are closed by _finish, whatever happens here
             for rank, env in enumerate(self.spec.envs):
                 env = {**env, STACKS_VAR: self.stacks_dir, LAUNCH_VAR: self.marker}
-                (out, err, channel, metrics), theirs = descriptors.worker_ends(workers, opened)
-                self.ranks.append(_Rank(int(env["RANK"]), out, err, channel, metrics=metrics))
+                (out, err, messages, metrics), theirs = descriptors.worker_ends(workers, opened)
+                self.ranks.append(_Worker(int(env["RANK"]), out, err, messages, metrics=metrics))
                 self.relay.add(out, self.ranks[-1].rank, "out")
                 self.relay.add(err, self.ranks[-1].rank, "err")
                 worker_fds += theirs
@@ -182,7 +211,7 @@ class Launch:
         for r, pid in zip(self.ranks, pids, strict=True):
             r.pid = pid
             try:
-                r.channel.send_bytes(self.spec.payload)
+                r.messages.send_bytes(self.spec.payload)
             except OSError:
                 pass  # it died already; its exit report says how
 
@@ -193,8 +222,8 @@ class Launch:
             for fd in (r.out, r.err):
                 if fd >= 0:
                     selector.register(fd, selectors.EVENT_READ, (r, fd))
-            if not r.channel.closed:
-                selector.register(r.channel, selectors.EVENT_READ, (r, "channel"))
+            if not r.messages.closed:
+                selector.register(r.messages, selectors.EVENT_READ, (r, "messages"))
             selector.register(r.metrics, selectors.EVENT_READ, (r, "metrics"))
         selector.register(server.sock, selectors.EVENT_READ, (None, "server"))
         started = time.monotonic()
@@ -221,8 +250,8 @@ class Launch:
                         except (EOFError, OSError):
                             _forget(selector, server.sock)
                             self._on_server_death()
-                    elif what == "channel":
-                        self._on_channel(rank, selector, server)
+                    elif what == "messages":
+                        self._on_message(rank, selector, server)
                     elif what == "metrics":
                         self._on_metrics(rank)
                     else:
@@ -257,8 +286,8 @@ class Launch:
             if r.pid == message.pid and r.exit_code is None:
                 r.exit_code = message.code
                 # What it sent before exiting is already in the socket: read it before judging.
-                while r.channel in _watched(selector) and r.channel.poll(0):
-                    self._on_channel(r, selector, server)
+                while r.messages in _watched(selector) and r.messages.poll(0):
+                    self._on_message(r, selector, server)
                 if r.exit_code != 0 or r.result is None:
                     self._fail(r, server, selector)
 
@@ -270,11 +299,11 @@ class Launch:
             if r.exit_code is None:
                 r.exit_code, r.unseen = -signal.SIGKILL, True
 
-    def _on_channel(self, r: _Rank, selector, server: ForkServer) -> None:
+    def _on_message(self, r: _Worker, selector, server: ForkServer) -> None:
         try:
-            message = decode(r.channel.recv_bytes())
+            message = decode(r.messages.recv_bytes())
         except (EOFError, OSError):
-            _forget(selector, r.channel)  # also reached from an exit report in this round
+            _forget(selector, r.messages)  # also reached from an exit report in this round
             return
         if isinstance(message, Result):
             r.result = message
@@ -282,17 +311,9 @@ class Launch:
             r.error = message
             self._fail(r, server, selector)
 
-    def _on_metrics(self, r: _Rank) -> None:
-        while True:
-            try:
-                datagram = r.metrics.recv(1 << 16)
-            except (BlockingIOError, OSError):
-                return
-            records, rank, dropped = decode_records(datagram)
-            self.run.add(records)
-            self.run.dropped[rank] = dropped
-            if records:
-                self.stall.heard_from(rank, time.monotonic())
+    def _on_metrics(self, r: _Worker) -> None:
+        if drain(r.metrics, self.run):
+            self.stall.heard_from(r.rank, time.monotonic())
 
     def _running(self) -> list[int]:
         """Ranks that have not finished: neither returned, failed nor exited."""
@@ -331,7 +352,7 @@ class Launch:
             _forget(selector, fd)
         self.relay.feed(fd, data)
 
-    def _fail(self, r: _Rank, server: ForkServer, selector) -> None:
+    def _fail(self, r: _Worker, server: ForkServer, selector) -> None:
         """A rank failed. A real error stops everyone at once. A rank that only lost a peer in
         a collective waits for that peer's own report: whatever the order the two arrive in,
         the peer's is the root cause, and a SIGTERM must not cut it short."""
@@ -343,8 +364,8 @@ class Launch:
         if self._lost_a_peer(r):
             # What the peers sent before this rank failed is in their sockets already: read it.
             for other in self.ranks:
-                while other.channel in _watched(selector) and other.channel.poll(0):
-                    self._on_channel(other, selector, server)
+                while other.messages in _watched(selector) and other.messages.poll(0):
+                    self._on_message(other, selector, server)
         if self.stopping_since is not None:
             return
         real = not all(self._lost_a_peer(f) for f in self.ranks if f.rank in self.failed_order)
@@ -354,7 +375,7 @@ class Launch:
             self.waiting_since = self.waiting_since or time.monotonic()
 
     @staticmethod
-    def _lost_a_peer(r: _Rank) -> bool:
+    def _lost_a_peer(r: _Worker) -> bool:
         return r.error is not None and r.error.collective
 
     def _stop(self, server: ForkServer, now: float | None = None) -> None:
@@ -381,12 +402,13 @@ class Launch:
                     os.close(fd)
                 except OSError:
                     pass
-            r.channel.close()
+            r.messages.close()
             if r.metrics is not None:
                 r.metrics.close()
         if self.stacks_dir is not None:
             shutil.rmtree(self.stacks_dir, ignore_errors=True)
-        leftovers.sweep(self.marker, {r.pid: r.rank for r in self.ranks}, server.process.pid)
+        pids = {r.pid: r.rank for r in self.ranks}
+        leftovers.sweep(self.marker, pids, server.process.pid, GRACE_SECONDS)
         if self.spec.start_method == "spawn":
             server.close()
 

@@ -1,11 +1,12 @@
 """One request of a ranks session, from the kernel's side: wait for the ranks and say what they did.
 
-``Waiter.wait`` watches every rank's output pipes, message socket and metrics socket, and the
-fork server's reports, until each rank the request went to has answered (``Done``). It relays
-output with rank labels (``relay.py``), shows rich output, feeds the live panel, and decides:
-the stop button, the cell's timeout, a hang (a rank in a collective that an idle rank cannot
-join) and a death, as ``session.py`` describes. Every press of the stop button while it waits
-is counted, never raised mid-read, so no message is ever cut in half.
+``Waiter.wait`` watches every rank's output pipes, message socket and channel (its metrics
+socket), and the fork server's reports, until each rank the request went to has answered
+(``Done``). It relays output with rank labels (``relay.py``), shows rich output, feeds the
+live panel, and decides: the stop button, the cell's timeout, a hang (a rank in a collective
+that an idle rank cannot join) and a death, as ``session.py`` describes. Every press of the
+stop button while it waits is counted, never raised mid-read, so no message is ever cut in
+half. A failed cell raises ``CellError`` (``errors.py``), a ``LaunchError``.
 """
 
 from __future__ import annotations
@@ -21,39 +22,28 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from ..errors import LaunchError, RankFailure, by_priority, root_cause_report
-from ..observe.channel import decode as decode_records
+from .. import errors
+from ..errors import RankFailure, by_priority, root_cause_report
+from ..observe.channel import drain
 from ..observe.hang import ask, where
 from ..observe.records import Run
 from . import memory
 from .protocol import Cell, Display, Done, Exited, Signal, Signalled, decode, encode, recv, send
 
 INTERRUPT_S = 5.0  # after the stop button's SIGINT: ranks still in the cell then are stuck
-GRACE_S = 3.0  # between SIGTERM and SIGKILL, as a launch's
 LEAVE_S = 2.0  # for idle ranks to leave by themselves when the session stops
 
 
-class CellError(LaunchError):
-    """A ranks cell failed: a rank raised, died, or (``hung``) did not end the cell. A notebook
-    shows the message alone."""
-
-    def __init__(self, summary: str, failures: list[RankFailure] | None = None,
-                 hung: bool = False, stacks: dict | None = None) -> None:  # fmt: skip
-        super().__init__(summary, failures, stacks=stacks)
-        self.hung = hung
-
-    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of our frames
-        lines = f"{type(self).__name__}: {self}".splitlines()
-        return lines + list(getattr(self, "__notes__", []))
-
-
 @dataclass
-class _Rank:
+class SessionRank:
+    """One rank of a ranks session, as the kernel holds it across cells: its pipes' and
+    sockets' ends, and the request it has not answered yet."""
+
     rank: int
     out: int  # read ends of its stdout and stderr pipes
     err: int
-    channel: Connection
-    metrics: socket.socket
+    messages: Connection  # its message socket: Cell requests in, Display and Done out
+    metrics: socket.socket  # its channel: the records it logs
     pid: int | None = None
     exit_code: int | None = None
     busy: int | None = None  # the request it has not answered yet
@@ -64,27 +54,28 @@ class _Rank:
         os.set_blocking(self.err, False)
 
     def send(self, message) -> None:
-        self.channel.send_bytes(encode(message))
+        self.messages.send_bytes(encode(message))
         self.busy = message.number
 
     def close(self) -> None:
         for fd in (self.out, self.err):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self.channel.close()
+        self.messages.close()
         self.metrics.close()
 
 
 class Waiter:
-    def __init__(self, session, number: int, targets: list[int], limit: float | None,
-                 what: str) -> None:  # fmt: skip
+    def __init__(
+        self, session, number: int, targets: list[int], limit: float | None, what: str
+    ) -> None:
         self.s, self.number, self.limit, self.what = session, number, limit, what
         self.cell = session.labels.get(number, number)  # as the notebook numbers it
         self.pending, self.done = set(targets), {}
         self.run, self.view = Run(), None
         self.run.world_size, self.run.device = len(session.ranks), session.device
         self.presses, self.interrupted, self.timed_out = 0, None, False
-        self.dead: list[_Rank] = []
+        self.dead: list[SessionRank] = []
         self.started = time.monotonic()
         idle = [r for r in session.ranks if r.rank not in targets and r.busy is None]
         self.idle_since = self.started if idle else None
@@ -120,8 +111,8 @@ class Waiter:
         for r in self.s.ranks:
             for fd in (r.out, r.err):
                 selector.register(fd, selectors.EVENT_READ, (r, fd))
-            if not r.channel.closed:
-                selector.register(r.channel, selectors.EVENT_READ, (r, "channel"))
+            if not r.messages.closed:
+                selector.register(r.messages, selectors.EVENT_READ, (r, "messages"))
             selector.register(r.metrics, selectors.EVENT_READ, (r, "metrics"))
         selector.register(self.s.server.sock, selectors.EVENT_READ, (None, "server"))
         return selector
@@ -148,8 +139,8 @@ class Waiter:
                         self._on_server(recv(self.s.server.sock)[0])
                     except (EOFError, OSError):  # the server died, and its workers with it
                         self._lost_server(selector)
-                elif what == "channel":
-                    self._on_channel(r, selector)
+                elif what == "messages":
+                    self._on_message(r, selector)
                 elif what == "metrics":
                     self._on_metrics(r)
                 else:
@@ -190,11 +181,11 @@ class Waiter:
         return any(where(s).collective for s in report.stacks.values() if s is not None)
 
     # -- events ---------------------------------------------------------------------------------
-    def _on_channel(self, r: _Rank, selector) -> None:
+    def _on_message(self, r: SessionRank, selector) -> None:
         try:
-            message = decode(r.channel.recv_bytes())
+            message = decode(r.messages.recv_bytes())
         except (EOFError, OSError):
-            selector.unregister(r.channel)  # it died: the server's report says how
+            selector.unregister(r.messages)  # it died: the server's report says how
             return
         if isinstance(message, Display):
             self._read(r, r.out)  # what it printed before comes first
@@ -211,13 +202,15 @@ class Waiter:
             else:
                 self._said_late(r, message)
 
-    def _said_late(self, r: _Rank, done: Done) -> None:
+    def _said_late(self, r: SessionRank, done: Done) -> None:
         r.last = self.s.labels.get(done.number, done.number)
         how = "without an error"
         if done.failure is not None:
             how = f"with {done.failure.exception.type}: {done.failure.exception.message}"
-        self._say(f"rank {r.rank} finished cell {r.last} late, {how} (the cell had "
-                  "already ended without it).")  # fmt: skip
+        self._say(
+            f"rank {r.rank} finished cell {r.last} late, {how} (the cell had already ended "
+            "without it)."
+        )
 
     def _on_server(self, message) -> None:
         if not isinstance(message, Exited):
@@ -235,18 +228,11 @@ class Waiter:
                 r.exit_code = -signal.SIGKILL
                 self.dead.append(r)
         when = " between cells" if self.what == "late" else ""
-        self.s.broken = (f"nbaccel's fork server (pid {self.s.server.process.pid}) stopped{when}, "
-                         "and the ranks with it.")  # fmt: skip
+        pid = self.s.server.process.pid
+        self.s.broken = f"nbaccel's fork server (pid {pid}) stopped{when}, and the ranks with it."
 
-    def _on_metrics(self, r: _Rank) -> None:
-        while True:
-            try:
-                datagram = r.metrics.recv(1 << 16)
-            except (BlockingIOError, OSError):
-                break
-            records, rank, dropped = decode_records(datagram)
-            self.run.add(records)
-            self.run.dropped[rank] = dropped
+    def _on_metrics(self, r: SessionRank) -> None:
+        drain(r.metrics, self.run)
         if self.run.records and self.s.live:
             if self.view is None:
                 from ..observe.live.view import LiveView
@@ -254,7 +240,7 @@ class Waiter:
                 self.view = LiveView()
             self.view.update(self.run)
 
-    def _read(self, r: _Rank, fd: int) -> None:
+    def _read(self, r: SessionRank, fd: int) -> None:
         while True:
             try:
                 data = os.read(fd, 65536)
@@ -264,7 +250,7 @@ class Waiter:
             if not data:
                 return
 
-    def _show(self, r: _Rank, data: dict[str, str]) -> None:
+    def _show(self, r: SessionRank, data: dict[str, str]) -> None:
         if self.s.relay.output == "main" and r.rank != 0:
             return
         self.s.relay.end_line()
@@ -305,8 +291,10 @@ class Waiter:
             raise self._death()
         if hung and self.what == "start" and self.timed_out:
             late = sorted(self.pending)
-            raise CellError(f"ranks {late} did not join their process group within "
-                            f"{self.limit:g} s. {self._ask()}")  # fmt: skip
+            raise errors.CellError(
+                f"ranks {late} did not join their process group within {self.limit:g} s. "
+                f"{self._ask()}"
+            )
         if hung and self.what == "start":
             raise KeyboardInterrupt
         if hung:
@@ -320,25 +308,27 @@ class Waiter:
         if stopped and (self.presses or self.timed_out):
             places = "; ".join(_at(r, d) for r, d in sorted(self.done.items()) if d.failure)
             if self.timed_out:
-                raise CellError(f"cell {self.cell} ran past its timeout ({self.limit:g} s) "
-                                f"and was interrupted: {places}. The ranks keep their state.",
-                                failures)  # fmt: skip
+                raise errors.CellError(
+                    f"cell {self.cell} ran past its timeout ({self.limit:g} s) and was "
+                    f"interrupted: {places}. The ranks keep their state.",
+                    failures,
+                )
             self._say(f"cell {self.cell} interrupted: {places}. The ranks keep their state.")
             raise KeyboardInterrupt
         finished = [r for r, d in self.done.items() if not d.failure]
         failures = by_priority(failures, [f.rank for f in failures])
         report = root_cause_report(failures, set(), finished)
         if self.what == "start":
-            raise CellError(f"the ranks could not start: {report}", failures)
-        raise CellError(f"{report}\n\nThe ranks keep their state: the next cell runs on them.",
-                        failures)  # fmt: skip
+            raise errors.CellError(f"the ranks could not start: {report}", failures)
+        keep = "The ranks keep their state: the next cell runs on them."
+        raise errors.CellError(f"{report}\n\n{keep}", failures)
 
     def _failure(self, rank: int, done: Done) -> RankFailure:
         r, exc = self.s.ranks[rank], done.failure.exception
-        return RankFailure(rank, r.pid, None, exc.type, exc.message, exc.format(),
-                           secondary=done.failure.collective)  # fmt: skip
+        secondary = done.failure.collective
+        return RankFailure(rank, r.pid, None, exc.type, exc.message, exc.format(), secondary)
 
-    def _death(self) -> CellError:
+    def _death(self) -> errors.CellError:
         deaths = [RankFailure(r.rank, r.pid, r.exit_code) for r in self.dead]
         others = [self._failure(r, d) for r, d in sorted(self.done.items()) if d.failure]
         failures = deaths + [f for f in others if f.rank not in {d.rank for d in deaths}]
@@ -349,13 +339,13 @@ class Waiter:
         hint = ""
         if deaths[0].exit_code == -signal.SIGKILL:  # nbaccel sends none here: memory, most often
             hint = "\n" + memory.killed_hint(deaths[0].rank, self.run, self.s.memory_start)
-        return CellError(
+        return errors.CellError(
             f"{self.s.broken} A process group that lost a rank cannot be trusted: %ranks "
             f"restart (Ranks.restart()) starts fresh ranks; their state is lost.{hint}",
             failures,
         )
 
-    def _hang(self, how: str) -> CellError:
+    def _hang(self, how: str) -> errors.CellError:
         report = self._ask() if how == "interrupt" else self.report
         stuck = sorted(self.pending)
         idle = [r.rank for r in self.s.ranks if r.busy is None]
@@ -367,11 +357,14 @@ class Waiter:
         ranks = f"rank {stuck[0]}" if len(stuck) == 1 else f"ranks {', '.join(map(str, stuck))}"
         keep = f"{ranks} {'stays' if len(stuck) == 1 else 'stay'} in cell {self.cell}"
         if idle:
-            keep += (f": the collective they wait in ends when the idle ranks {idle} call it too "
-                     f"(%%ranks {','.join(map(str, idle))}); or")  # fmt: skip
+            keep += (
+                f": the collective they wait in ends when the idle ranks {idle} call it too "
+                f"(%%ranks {','.join(map(str, idle))}); or"
+            )
         keep += " %ranks restart for fresh ranks."
-        return CellError(f"cell {self.cell}: {ranks} {why}. {report}\n\n{keep}",
-                         hung=True, stacks=report.stacks)  # fmt: skip
+        return errors.CellError(
+            f"cell {self.cell}: {ranks} {why}. {report}\n\n{keep}", hung=True, stacks=report.stacks
+        )
 
 
 def _at(rank: int, done: Done) -> str:

@@ -77,15 +77,15 @@ def amp_markdown(results: dict) -> str:
     """A Markdown table of ``gpu-amp.json``: samples/s (and x fp32) and peak MiB per precision
     and model, headed by the GPU it was measured on."""
     info = results.get("model_info", {})
+    columns = [f"{p} samples/s" for p in PRECISIONS] + [f"{p} peak MiB" for p in PRECISIONS]
     lines = [
         f"**Measured on {gpu_label(results)}** by `make gpu-check` (`benchmarks/gpu.py`), not "
         "on this machine: training steps (AdamW) through the Accelerator, samples/s median "
         "(x fp32), and the allocator's peak over a step.",
         "",
-        "| model | " + " | ".join(f"{p} samples/s" for p in PRECISIONS) + " | "
-        + " | ".join(f"{p} peak MiB" for p in PRECISIONS) + " |",
+        "| model | " + " | ".join(columns) + " |",
         "|---|" + "---:|" * (2 * len(PRECISIONS)),
-    ]  # fmt: skip
+    ]
     for name, r in results["models"].items():
         x = amp_speedups(results, name)
         speeds = " | ".join(f"{r[p]['samples_per_s']:,.0f} (x{x[p]:.2f})" for p in PRECISIONS)
@@ -190,9 +190,13 @@ def projection_figure(results: dict, links=None):
         "full overlap and preset latencies assumed"
     )
     fig = projection.figure(
-        ref["compute_seconds"], ref["gradient_bytes"], ref["batch_size"], links,
-        ref["measured"], title=title,
-    )  # fmt: skip
+        ref["compute_seconds"],
+        ref["gradient_bytes"],
+        ref["batch_size"],
+        links,
+        ref["measured"],
+        title=title,
+    )
     for text in (t for legend in fig.legends for t in legend.get_texts()):
         if text.get_text() == "measured here":
             text.set_text(f"measured on {gpu}")

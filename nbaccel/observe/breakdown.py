@@ -38,31 +38,32 @@ What is not measured, and lands in compute instead:
   Register yours before the first ``backward``: one registered later meets torch's "can only
   be called once".
 
-CUDA: host clocks time only the launching of asynchronous kernels. On a CUDA device the compute
-spans are CUDA events recorded on the current stream at their boundaries (and at each gradient
-bucket's readiness), read when they have completed (``Event.query()``) at the next record:
-never a synchronisation per step, and no new event after the first steps. Data and nbaccel's
-collectives keep host clocks (they block the host anyway). The GPU tier (``tests/gpu``) runs this
-path.
+CUDA: host clocks time only the launching of asynchronous kernels. On a CUDA device the
+compute spans are timed by CUDA events, at most two a step (``cuda_events.StepEvents``), on
+the stream that was current at the first one, read once they have completed
+(``Event.query()``): never a synchronisation, and no new event after the first steps. Data and
+nbaccel's collectives keep host clocks (they block the host anyway). The GPU tier
+(``tests/gpu``) runs this path; a CPU test counts its calls with stand-in events
+(``tests/observe/test_meter.py``).
 
-The events time a sample: every span timed cost lesson 5's 1.3 ms H200 step 7% (``results/
-gpu-step.md``). The first ``TIMED_FIRST`` spans are all timed; then, of every ``RUN * EVERY``,
-``RUN`` in a row from a random place, each counting ``EVERY`` times: whole steps (forward,
-backward, step), and what a loop does every N steps neither always in nor always out. What
-they add to is an estimate, and says so (``ESTIMATED``, ``Run.estimated()``, the panel's bars).
-On the CPU every span is timed: host clocks cost little there.
+Each step times one interval, in turn: the forward span, the backward span, the optimizer's
+step span, or DDP's wait (its last bucket ready to backward's end), the step's kind drawn at
+random. The host counts every interval (the CPU path's definitions); a
+timed one stands for those of its kind since the one timed before it, so the totals estimate
+the same quantities the CPU path measures; they say so (``ESTIMATED``, ``Run.estimated()``,
+the panel's bars). Every span timed cost lesson 5's 1.3 ms H200 step 9%
+(``results/gpu-step.md``). On the CPU every span is timed: host clocks cost little there.
 
 Off: ``NBACCEL_BREAKDOWN=0`` times nothing and wraps or hooks nothing (``for_device`` returns
-None).
+None). The step's events reach a ``Breakdown`` through the rank's step meter
+(``nbaccel.observe.meter``): the Accelerator's modules call the meter, never this module.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import os
-import random
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -70,12 +71,10 @@ from typing import TYPE_CHECKING, Any
 from ..env import BREAKDOWN_VAR
 from . import stacks
 from .channel import ESTIMATED, TIME_COMMUNICATION, TIME_COMPUTE, TIME_DATA, TIME_LOOP
+from .cuda_events import FORWARD, ROTATION, StepEvents, cuda_timing
 
 if TYPE_CHECKING:
     import torch
-
-#: CUDA's sample (``_Events``); 12 spans hold 4 steps of forward, backward and step.
-TIMED_FIRST, RUN, EVERY = 64, 12, 8
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -90,7 +89,8 @@ def for_device(device: torch.device) -> Breakdown | None:
         return None
     if device.type != "cuda":
         return Breakdown()
-    return Breakdown(events=_Events(functools.partial(timing_event, device)))
+    make, stream = cuda_timing(device)
+    return Breakdown(events=StepEvents(make, stream))
 
 
 class Breakdown:
@@ -107,7 +107,7 @@ class Breakdown:
     """
 
     def __init__(
-        self, clock: Callable[[], float] = time.perf_counter, events: _Events | None = None
+        self, clock: Callable[[], float] = time.perf_counter, events: StepEvents | None = None
     ) -> None:
         self.clock = clock
         self.data = 0.0
@@ -118,7 +118,10 @@ class Breakdown:
         self._depth = 0  # compute spans open now
         self._span = 0.0  # when the outermost one began
         self._ready: float | None = None  # when this span's last gradient bucket was ready
+        self._kind = FORWARD  # the next outermost span's kind (the events' rotation)
         self._events = events
+        if events is not None:
+            events.owner = self
 
     def now(self) -> float:
         """The clock, which starts the loop on its first reading."""
@@ -140,7 +143,7 @@ class Breakdown:
                 self.start = now
             self._ready = None
             if self._events is not None:
-                self._events.begin()
+                self._events.begin(self._kind)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -151,7 +154,8 @@ class Breakdown:
             if self._ready is not None:
                 self._ready = None
                 stacks.waiting_in(None)  # backward has returned: the all-reduces are done
-            self._events.end(self)
+            kind, self._kind = self._kind, FORWARD
+            self._events.end(kind)
             return
         end = self.clock()
         self.compute += end - self._span
@@ -168,8 +172,8 @@ class Breakdown:
     def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` as a compute span: what ``with self:`` does, in one Python
         call where the ``with`` makes two. The prepared model's forward, ``backward`` and the
-        optimizer's ``step`` take this way every step; a nested span, and CUDA's events, take
-        the ``with``."""
+        optimizer's ``step`` take this way every step on the host (``caller``); a nested span,
+        and CUDA's events, take the ``with``."""
         if self._depth or self._events is not None:
             with self:
                 return fn(*args, **kwargs)
@@ -186,6 +190,20 @@ class Breakdown:
             self.compute += end - began
             if self._ready is not None:
                 self._waited(end)
+
+    def caller(self, kind: int) -> Callable[..., Any]:
+        """What runs a call as a compute span of ``kind`` (``FORWARD``, ``BACKWARD``, ``STEP``):
+        ``call`` itself on the host, where the kind changes nothing; with events, a call that
+        names its kind to them."""
+        if self._events is None:
+            return self.call
+        return functools.partial(self._call_as, kind)
+
+    def _call_as(self, kind: int, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        if not self._depth:
+            self._kind = kind
+        with self:
+            return fn(*args, **kwargs)
 
     def before_forward(self, module: Any, args: Any) -> None:
         self.__enter__()
@@ -204,7 +222,7 @@ class Breakdown:
             model.register_forward_pre_hook(self.before_forward, prepend=True)
             model.register_forward_hook(self.after_forward, always_call=True)
         else:
-            model.forward = TimedForward(model.forward, self)
+            model.forward = TimedForward(model.forward, self.caller(FORWARD))
         return model
 
     # -- communication -------------------------------------------------------------------------
@@ -235,49 +253,45 @@ class Breakdown:
         """The ``TIME_*`` counters now; nothing before the loop's first timed moment."""
         if self.start is None:
             return {}
-        times = {}
+        times, compute, waited = {}, 0.0, 0.0
         if self._events is not None:
-            self._events.resolve(self)
+            self._events.resolve()
+            compute, waited = self._events.tail()  # the steps since each kind's last sample
             new = self._events.estimated - self._events.said  # each said once, with the times
             self._events.said |= new
-            times = {ESTIMATED + part: float(EVERY) for part in sorted(new)}
+            times = {ESTIMATED + part: float(ROTATION) for part in sorted(new)}
         return {
             TIME_DATA: self.data,
-            TIME_COMPUTE: max(self.compute - self._inside, 0.0),
-            TIME_COMMUNICATION: self.communication,
+            TIME_COMPUTE: max(self.compute + compute - self._inside - waited, 0.0),
+            TIME_COMMUNICATION: self.communication + waited,
             TIME_LOOP: self.clock() - self.start,
             **times,
         }
 
 
 class TimedForward(functools.partial):
-    """A model's ``forward`` run inside a compute span of ``breakdown`` (``Breakdown.watch``):
-    ``breakdown.call`` with ``forward`` bound, a partial that C calls, so that timing costs the
-    forward one Python call (the span's). ``forward`` may itself be a wrapper
-    (``AutocastForward``): the span holds it whole."""
+    """A model's ``forward`` run inside a compute span (``Breakdown.watch``): ``call``, the
+    breakdown's forward caller (``Breakdown.caller``), with ``forward`` bound, a partial that
+    C calls, so that timing costs the forward one Python call (the span's). ``forward`` may
+    itself be a wrapper (``AutocastForward``): the span holds it whole."""
 
-    def __new__(cls, forward: Callable[..., Any], breakdown: Breakdown) -> TimedForward:
-        return super().__new__(cls, breakdown.call, forward)
+    def __new__(cls, forward: Callable[..., Any], call: Callable[..., Any]) -> TimedForward:
+        return super().__new__(cls, call, forward)
 
     @property
     def forward(self) -> Callable[..., Any]:
         return self.args[0]
 
-    @property
-    def breakdown(self) -> Breakdown:
-        return self.func.__self__
+    def around(self, forward: Callable[..., Any]) -> TimedForward:
+        """``forward`` timed as this one is (the same span's caller)."""
+        return TimedForward(forward, self.func)
 
     def __reduce__(self) -> tuple:
-        return TimedForward, (self.forward, self.breakdown)
+        return TimedForward, (self.forward, self.func)
 
 
-def timed(breakdown: Breakdown | None) -> Callable[..., Any]:
-    """What runs a call as a compute span of ``breakdown`` (``Breakdown.call``), or runs it
-    untimed when the breakdown is off."""
-    return _untimed if breakdown is None else breakdown.call
-
-
-def _untimed(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+def untimed(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``: a compute span's caller when the breakdown is off."""
     return fn(*args, **kwargs)
 
 
@@ -298,103 +312,13 @@ def communicating(breakdown: Breakdown | None, label: str) -> Iterator[None]:
 def timed_allreduce(state, bucket):  # unannotated: DDP refuses any but its own types
     """DDP's communication hook: torch's own all-reduce of the bucket (``allreduce_hook``:
     divide by the world size, then sum), after noting that the bucket is ready. ``state`` is
-    ``(breakdown, process_group)``.
+    ``(meter, process_group)``: the step meter's ``hook_state``, or a ``Breakdown`` itself.
 
     With a power-of-two world size it gives DDP's own gradients bit for bit (DDP without a
     hook multiplies by ``1/N`` where the hook divides by ``N``: the same for ``N = 2, 4, 8``,
     possibly not in the last bit otherwise)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    breakdown, group = state
-    breakdown.bucket_ready()
+    noted, group = state
+    noted.bucket_ready()
     return allreduce_hook(group, bucket)
-
-
-class _Events:
-    """Compute spans on a CUDA device, as events on the current stream, read once complete.
-
-    A timed span records a start, its last bucket's readiness (if any) and an end; ``resolve``
-    adds up the spans whose end has completed, in order, without waiting for the others, each
-    ``EVERY`` times once the sample has begun (``sampling``). Events that have been read are
-    recorded again: a step makes none after the first few.
-
-    ``make`` makes a timing event (``timing_event``); a test gives its own, and ``seed``.
-    """
-
-    def __init__(self, make: Callable[[], Any], seed: int = 0) -> None:
-        self._make = make
-        self._pending: collections.deque[tuple[Any, Any, Any, int]] = collections.deque()
-        self._spare: list[Any] = []  # read, free to record again
-        self._start: Any = None
-        self._ready: Any = None
-        self._spans = 0  # spans begun
-        self._first = 0  # the place of this block's timed run
-        self._draw = random.Random(seed).randrange  # its own; the same places on every rank
-        self.timing = False  # this span has events
-        self.sampling = False  # the spans timed from now on count EVERY times
-        self.estimated: set[str] = set()  # the parts a weighted span has added to
-        self.said: set[str] = set()  # those ``Breakdown.counters`` has said
-
-    def _record(self) -> Any:
-        event = self._spare.pop() if self._spare else self._make()
-        event.record()
-        return event
-
-    def begin(self) -> None:
-        n, self._spans = self._spans - TIMED_FIRST, self._spans + 1
-        if n >= 0:  # the sample: RUN spans in a row of every RUN * EVERY, at a random place
-            at = n % (RUN * EVERY)
-            if at == 0:
-                self._first = self._draw(RUN * EVERY - RUN + 1)
-                self.sampling = True
-            self.timing = self._first <= at < self._first + RUN
-            if not self.timing:
-                return
-        else:
-            self.timing = True
-        self._start, self._ready = self._record(), None
-
-    def ready(self) -> None:
-        if not self.timing:
-            return
-        if self._ready is not None:
-            self._spare.append(self._ready)  # an earlier bucket's, not read: only the last counts
-        self._ready = self._record()
-
-    def end(self, breakdown: Breakdown) -> None:
-        if not self.timing:
-            return
-        weight = EVERY if self.sampling else 1
-        self._pending.append((self._start, self._ready, self._record(), weight))
-        self._start = self._ready = None
-        if len(self._pending) > 64:  # between records: drop the events already read
-            self.resolve(breakdown)
-
-    def resolve(self, breakdown: Breakdown) -> None:
-        while self._pending and self._pending[0][2].query():
-            start, ready, end, weight = self._pending.popleft()
-            breakdown.compute += start.elapsed_time(end) * weight / 1000  # milliseconds
-            if ready is not None:
-                waited = ready.elapsed_time(end) * weight / 1000
-                breakdown.communication += waited
-                breakdown._inside += waited
-                self._spare.append(ready)
-            if weight > 1:  # a sampled span: what it added to is an estimate
-                self.estimated.add("compute")
-                if ready is not None:
-                    self.estimated.add("communication")
-            self._spare += (start, end)
-
-
-def timing_event(device: torch.device) -> Any:
-    """A CUDA event that times, recorded on ``device``'s current stream by ``record()``.
-
-    ``torch.Event`` finds the current stream in C++; ``torch.cuda.Event.record()`` asks Python's
-    ``torch.cuda.current_stream()``, which cost more than the event itself: on an H200, lesson
-    5's step was 0.84 of plain PyTorch with those, 0.95 and 0.91 with these, every span timed
-    (``benchmarks/README.md``)."""
-    import torch
-
-    if hasattr(torch, "Event"):
-        return torch.Event(device=device, enable_timing=True)
-    return torch.cuda.Event(enable_timing=True)  # older torch: through the current stream

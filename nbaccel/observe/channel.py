@@ -35,12 +35,19 @@ import weakref
 from collections import deque
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..env import CHANNEL_VAR, JOB_KEY_VAR, METRICS_DIR_VAR
 
-if TYPE_CHECKING:
-    from .records import Run
+
+class Run(Protocol):
+    """What this module needs of ``records.Run`` (which imports this module, so this one names
+    the two members it uses instead of importing it back)."""
+
+    dropped: dict[int, int]
+
+    def add(self, records: list[Record]) -> None: ...
+
 
 #: Counters the library records by itself, cumulative per rank; rates come from differences.
 #: ``MEMORY`` is not cumulative: a CUDA rank's GPU peak allocated, in MiB (2**20 bytes; the
@@ -62,7 +69,8 @@ TIME_LOOP = "nbaccel/time/loop"  # wall time since this rank's first batch
 #: is inside another's: ``UNMEASURED + "communication"`` is inside compute, ``+ "data"`` in other.
 UNMEASURED = "nbaccel/time/unmeasured/"
 #: A part of the breakdown that a rank estimated from a sample of its spans (recorded once, with
-#: the sample's rate: ``8.0`` is 1 span in 8): CUDA's events (``breakdown._Events``).
+#: the sample's rate: ``4.0`` is one kind of interval in 4 a step): CUDA's events
+#: (``cuda_events.StepEvents``).
 ESTIMATED = "nbaccel/time/estimated/"
 #: The parts of ``Run.breakdown()``; "other" is the loop's time outside the first three.
 BREAKDOWN = ("data", "compute", "communication", "other")
@@ -260,3 +268,18 @@ def decode(datagram: bytes) -> tuple[list[Record], int, int]:
     """A datagram from ``Channel.flush``: its records, the sender's rank and drop count."""
     _, rank, dropped, batch = pickle.loads(datagram)
     return [Record(rank, *row) for row in batch], rank, dropped
+
+
+def drain(sock: socket.socket, run: Run) -> bool:
+    """On the launching side: every datagram waiting on a rank's channel (its non-blocking end,
+    ``sock``) decoded into ``run``, without waiting for more; whether any record came."""
+    heard = False
+    while True:
+        try:
+            datagram = sock.recv(1 << 16)
+        except (BlockingIOError, OSError):
+            return heard
+        records, rank, dropped = decode(datagram)
+        run.add(records)
+        run.dropped[rank] = dropped
+        heard = heard or bool(records)

@@ -82,9 +82,7 @@ class Where:
 def where(stack: RankStack) -> Where:
     main = stack.main
     frames = main.frames if main is not None else ()
-    index = next(
-        (i for i in reversed(range(len(frames))) if _is_collective(frames[i])), None
-    )  # fmt: skip
+    index = next((i for i in reversed(range(len(frames))) if _is_collective(frames[i])), None)
     collective = f"`{frames[index].function}`" if index is not None else stack.waiting
     outer = frames if index is None else frames[:index]
     user = next((f for f in reversed(outer) if not is_library(f.filename)), None)

@@ -36,6 +36,7 @@ from .channel import (
     flush_all,
     local_run,
 )
+from .meter import StepMeter
 from .records import Run
 
 if TYPE_CHECKING:
@@ -59,8 +60,9 @@ class Recorder:
         rss: a callable returning this process's CPU memory (resident set size) in MiB, read
             at every counters' interval, never per step (``channel.RSS``); tests pass their
             own.
-        breakdown: where this rank's time went (``breakdown``, the Accelerator's):
-            its ``TIME_*`` counters are recorded with the others.
+        meter: the step meter that counts for it and times the loop (``StepMeter``, the
+            Accelerator's; an untimed one by default): the time split's ``TIME_*`` counters
+            are recorded with the others. It is ``recorder.meter``.
     """
 
     def __init__(
@@ -70,7 +72,7 @@ class Recorder:
         memory: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         device: Any = None,
-        breakdown: Breakdown | None = None,
+        meter: StepMeter | None = None,
         rss: Callable[[], float | None] | None = None,
     ) -> None:
         env = DistEnv.from_environ()
@@ -87,7 +89,8 @@ class Recorder:
         self._view: LiveView | None = None if isinstance(live, bool | int) else live
         self._memory = memory
         self._rss = rss or _rss_mib
-        self.breakdown = breakdown
+        self.meter = StepMeter() if meter is None else meter
+        self.meter.recorder = self
         self.clock = clock
         self.samples = 0  # cumulative on this rank
         self.optimizer_steps = 0
@@ -158,11 +161,16 @@ class Recorder:
         self.tick()
         return record
 
+    @property
+    def breakdown(self) -> Breakdown | None:
+        """Where this rank's time went: the meter's time split (None: untimed)."""
+        return self.meter.times
+
     def count(self, samples: int = 0, optimizer_steps: int = 0) -> None:
-        """Add samples and optimizer steps to the counters. The Accelerator's loader and
-        accumulation window count inline, without this call (a Python call costs about 1 us
-        of a small CPU step): they add to ``samples`` or ``optimizer_steps`` and call
-        ``tick()`` when ``clock()`` reaches ``next_tick``, as this does."""
+        """Add samples and optimizer steps to the counters. The Accelerator's loop counts
+        through its step meter instead (``meter.batch_ready``, ``meter.stepped``), which adds
+        to ``samples`` or ``optimizer_steps`` and calls ``tick()`` when ``clock()`` reaches
+        ``next_tick``, as this does."""
         self.samples += samples
         self.optimizer_steps += optimizer_steps
         if self.clock() >= self.next_tick:  # tick()'s test first: twice a training step
@@ -199,7 +207,8 @@ class Recorder:
             return
         if (self.samples, self.optimizer_steps) == self._last_counters:
             # nothing new: a repeat would read as a rate of zero; the times' last word counts
-            if last and self.breakdown is not None and (times := self.breakdown.counters()):
+            split = self.meter.times
+            if last and split is not None and (times := split.counters()):
                 gauges.update(times)
             if gauges:
                 self.channel.add(self.optimizer_steps, gauges)
@@ -210,8 +219,8 @@ class Recorder:
             counters[STEPS] = float(self.optimizer_steps)
         if self._memory is not None:
             counters[MEMORY] = self._memory()
-        if self.breakdown is not None:
-            counters.update(self.breakdown.counters())
+        if self.meter.times is not None:
+            counters.update(self.meter.times.counters())
         self.channel.add(self.optimizer_steps, counters)
 
     def close(self) -> None:

@@ -4,10 +4,9 @@ The workers' ``channel.Channel`` sends ``Record``s; the launching process keeps 
 ``Run``, which answers the questions the live view and the scaling lab ask (each metric per
 rank, its mean, rates of the counters, the training window) and exports them as CSV or JSON.
 
-Data flows one way: worker -> ``channel`` -> ``Run`` -> the view (``live``). A ``Run`` draws
-itself (``figure``, ``save_png``) through ``live.panel``, imported only when asked to draw; the
-view needs ``Run`` only as a type and never imports this module, so the two never import each
-other.
+Data flows one way: worker -> ``channel`` -> ``Run`` -> the view (``live``). The view is given
+a ``Run`` to draw (``live.panel.figure(run)``, ``live.panel.save_png(run, path)``); this module
+never imports it, so a ``Run`` is read, saved and tested without matplotlib.
 """
 
 from __future__ import annotations
@@ -261,8 +260,9 @@ class Run:
 
     def estimated(self) -> dict[str, float]:
         """The breakdown's parts some rank estimated from a sample of its spans
-        (``channel.ESTIMATED``: CUDA's events), with the sample's rate: ``{"compute": 8.0}`` is
-        1 span in 8 timed. ``{}`` when every rank timed every span (the CPU's clocks)."""
+        (``channel.ESTIMATED``: CUDA's events), with the sample's rate: ``{"compute": 4.0}`` is
+        one interval of each kind in 4 timed. ``{}`` when every rank timed every span (the
+        CPU's clocks)."""
         self._sync()
         rates: dict[str, float] = {}
         for (name, _), rs in self._index.items():
@@ -315,19 +315,6 @@ class Run:
             writer = csv.writer(f)
             writer.writerow(["rank", "step", "time", "name", "value"])
             writer.writerows((r.rank, r.step, r.time, r.name, r.value) for r in self.records)
-        return path
-
-    def figure(self, total_steps: int | None = None):
-        """The live panel, redrawn from the records (a matplotlib ``Figure``)."""
-        from .live.panel import figure  # the drawing side, imported only to draw
-
-        return figure(self, total_steps)
-
-    def save_png(self, path: str | os.PathLike, total_steps: int | None = None) -> Path:
-        from .live.panel import png
-
-        path = Path(path)
-        path.write_bytes(png(self, total_steps))
         return path
 
     @classmethod

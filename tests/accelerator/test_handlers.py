@@ -63,7 +63,8 @@ def _train(accelerator, count_buckets: bool = False) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer = accelerator.prepare(model, optimizer)
     buckets = []
-    breakdown = getattr(accelerator, "_breakdown", None)
+    meter = getattr(accelerator, "_meter", None)
+    breakdown = None if meter is None else meter.times
     if count_buckets and breakdown is not None:
         ready = breakdown.bucket_ready
         breakdown.bucket_ready = lambda: (buckets.append(1), ready())[1]

@@ -190,6 +190,7 @@ resumable({folder!r}, total_limit={total_limit}, every=3, epochs=1)
 
 
 @pytest.mark.parametrize("total_limit", [1, 2])
+@pytest.mark.process
 def test_a_save_killed_halfway_never_replaces_the_last_good_checkpoint(tmp_path, loop, total_limit):
     folder = tmp_path / "run"
     script = SCRIPT.format(
@@ -215,6 +216,7 @@ def test_a_save_killed_halfway_never_replaces_the_last_good_checkpoint(tmp_path,
     assert not (checkpoints / ".checkpoint_1.staging").exists()  # cleaned by the next save
 
 
+@pytest.mark.process
 def test_a_process_killed_by_sigkill_resumes_to_the_same_weights(tmp_path, loop):
     folder = tmp_path / "run"
     script = (

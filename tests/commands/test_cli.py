@@ -265,6 +265,7 @@ def test_bad_launch_arguments_exit_2_and_name_the_value(capsys, args, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_the_console_script_exists_and_rejects_bad_input(config):
     console = Path(sys.executable).with_name("nbaccel")
     assert console.exists(), "reinstall nbaccel (`make test`, or pip install -e .)"
@@ -279,6 +280,7 @@ BARE_PATH = "/usr/bin:/bin"  # what a kernel registered from a venv has: not the
 
 
 @pytest.mark.parametrize("args", [["--help"], ["env"], ["config", "show"]], ids=" ".join)
+@pytest.mark.process
 def test_python_m_nbaccel_works_with_a_bare_path(config, args):
     done = nbaccel(config, *args, env={"PATH": BARE_PATH})
     assert done.returncode == 0, done.stderr
@@ -307,6 +309,7 @@ def test_torchrun_command_line():
     ]  # fmt: skip
 
 
+@pytest.mark.process
 def test_an_invalid_config_file_stops_a_launch_with_the_fix(tmp_path, config):
     config.parent.mkdir()
     config.write_text('{"num_processes": 0}')
@@ -340,6 +343,7 @@ def test_the_summary_reads_torchruns_root_cause_block():
 
 
 # -- config ------------------------------------------------------------------------------------
+@pytest.mark.process
 def test_config_default_then_show(config):
     done = nbaccel(config, "config", "show")
     assert done.returncode == 0 and "no file yet" in done.stdout and str(config) in done.stdout
@@ -373,6 +377,7 @@ def test_config_default_then_show(config):
     }
 
 
+@pytest.mark.process
 def test_config_asks_again_until_the_answer_is_valid(config):
     done = nbaccel(config, "config", stdin="0\n3\nfp32\nbf16\nmaybe\nyes\nyes\n")
     assert done.returncode == 0, done.stderr
@@ -394,6 +399,7 @@ def test_config_asks_again_until_the_answer_is_valid(config):
     assert json.loads(config.read_text())["num_processes"] == 3, again.stdout
 
 
+@pytest.mark.process
 def test_config_turns_the_prestarted_server_off_and_the_questions_keep_it_off(config):
     assert nbaccel(config, "config", "--no-prestart").returncode == 0
     assert json.loads(config.read_text())["prestart"] is False
@@ -402,6 +408,7 @@ def test_config_turns_the_prestarted_server_off_and_the_questions_keep_it_off(co
     assert json.loads(config.read_text())["prestart"] is False
 
 
+@pytest.mark.process
 def test_config_sets_one_way_to_shard(config):
     done = nbaccel(config, "config", stdin="\n\n\nno\n7\n3\n")  # no FSDP: which ZeRO stage?
     assert done.returncode == 0, done.stderr
@@ -419,6 +426,7 @@ def test_config_sets_one_way_to_shard(config):
     assert both.returncode == 2 and "choose one way to shard" in both.stderr
 
 
+@pytest.mark.process
 def test_config_without_a_terminal_suggests_default(config):
     done = nbaccel(config, "config", stdin="")
     assert done.returncode == 1
@@ -427,6 +435,7 @@ def test_config_without_a_terminal_suggests_default(config):
     assert not config.exists()
 
 
+@pytest.mark.process
 def test_config_show_of_an_invalid_file_prints_it_and_the_fix(config):
     config.parent.mkdir()
     config.write_text('{"mixed_precision": "fp32"}')
@@ -444,6 +453,7 @@ def test_config_show_takes_no_flags(capsys):
 
 
 # -- env and test ------------------------------------------------------------------------------
+@pytest.mark.process
 def test_env_is_a_paste_ready_list(config):
     done = nbaccel(config, "env")
     assert done.returncode == 0, done.stderr
@@ -459,6 +469,7 @@ def test_test_passes_on_two_workers(config):
     assert done.stdout.startswith("OK: 2 ")
 
 
+@pytest.mark.process
 def test_test_reports_failed_with_the_reason(config):
     config.parent.mkdir()
     config.write_text("not json")

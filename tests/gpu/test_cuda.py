@@ -170,23 +170,21 @@ def spin_loop(cycles: int, steps: int) -> tuple[Accelerator, float]:
 def test_the_breakdown_times_the_gpus_work_by_its_events():
     """The loop is almost all spinning on the GPU, timed apart by CUDA's own events."""
     accelerator, on_gpu = spin_loop(20_000_000, 5)  # 10 to 60 ms a forward, by the clock
-    counters = accelerator._breakdown.counters()
+    # the steps' kinds drawn by the seeded generator time the third step's forward; it stands
+    # for the two before it, and the two after count at its length (``StepEvents.tail``)
+    counters = accelerator._meter.times.counters()
     # host clocks would give microseconds (the launches); the events give the spinning
     assert counters[TIME_COMPUTE] >= 0.9 * on_gpu, (counters, on_gpu)
     assert counters[TIME_COMPUTE] <= counters[TIME_LOOP]
 
 
 def test_the_breakdown_estimates_the_gpus_work_from_a_sample_of_its_spans():
-    """Past its first spans, the breakdown times a sample of them (``breakdown._Events``) and
-    says so; its estimate of the spinning is within 15% of CUDA's own events around the loop
-    (each timed run holds 4 of the spinning forwards; the GPU's clock may move between the
-    sample's runs)."""
-    from nbaccel.observe.breakdown import EVERY, RUN, TIMED_FIRST
-
-    steps = (TIMED_FIRST + 4 * RUN * EVERY) // 3 + 1  # four blocks, and the start of a fifth
-    accelerator, on_gpu = spin_loop(2_000_000, steps)  # about 1 ms a forward
-    counters = accelerator._breakdown.counters()
-    assert accelerator._breakdown._events.sampling  # said in the counters, once
+    """Each step times one interval with two events (``cuda_events.StepEvents``), and the
+    breakdown says its totals are estimates; its estimate of the spinning is within 15% of
+    CUDA's own events around the loop (the GPU's clock may move between the samples)."""
+    accelerator, on_gpu = spin_loop(2_000_000, 200)  # about 1 ms a forward
+    counters = accelerator._meter.times.counters()
+    assert "compute" in accelerator._meter.times._events.estimated  # said in the counters, once
     assert counters[TIME_COMPUTE] == pytest.approx(on_gpu, rel=0.15), (counters, on_gpu)
 
 

@@ -26,7 +26,7 @@ def nothing_starts(monkeypatch):
     def started(*args, **kwargs):
         raise AssertionError("the launch started before its arguments were checked")
 
-    for name in ("_run_workers", "_run_here", "_meeting"):
+    for name in ("_run_workers", "_run_here", "meeting"):
         monkeypatch.setattr(launcher, name, started)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import selectors
 import signal
 import socket
+from dataclasses import replace
 from multiprocessing.connection import Connection
 
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from nbaccel import LaunchError
 from nbaccel.launch import verdict
 from nbaccel.launch.protocol import ExceptionData, Exited, Failure, encode
-from nbaccel.launch.supervisor import PEER_REPORT_SECONDS, Launch, LaunchSpec, _Rank
+from nbaccel.launch.supervisor import PEER_REPORT_SECONDS, Attempt, LaunchSpec, _Worker
 
 CLOSED = "Connection closed by peer [127.0.0.1]:4242"
 LOST = Failure(ExceptionData("DistBackendError", "torch.distributed", CLOSED), collective=True)
@@ -41,15 +42,15 @@ class Harness:
     """A launch of ``n`` ranks whose messages the test sends and delivers one at a time."""
 
     def __init__(self, n: int = 2) -> None:
-        self.launch = Launch(
+        self.attempt = Attempt(
             LaunchSpec(envs=tuple({"RANK": str(i)} for i in range(n)), payload=b"")
         )
         self.server, self.selector, self.workers = Server(), selectors.DefaultSelector(), []
         for rank in range(n):
             ours, theirs = socket.socketpair()
-            r = _Rank(rank, -1, -1, Connection(ours.detach()), pid=1000 + rank)
-            self.launch.ranks.append(r)
-            self.selector.register(r.channel, selectors.EVENT_READ, (r, "channel"))
+            r = _Worker(rank, -1, -1, Connection(ours.detach()), pid=1000 + rank)
+            self.attempt.ranks.append(r)
+            self.selector.register(r.messages, selectors.EVENT_READ, (r, "messages"))
             self.workers.append(Connection(theirs.detach()))
 
     def sent(self, rank: int, message) -> None:
@@ -58,20 +59,20 @@ class Harness:
 
     def read(self, rank: int) -> None:
         """The supervisor reads what ``rank`` sent (this is the order under test)."""
-        self.launch._on_channel(self.launch.ranks[rank], self.selector, self.server)
+        self.attempt._on_message(self.attempt.ranks[rank], self.selector, self.server)
 
     def exited(self, rank: int, code: int) -> None:
         if code == -signal.SIGTERM:
             assert signal.SIGTERM in self.server.signals, "no SIGTERM was sent"
-        self.launch._on_server(Exited(1000 + rank, code), self.server, self.selector)
+        self.attempt._on_server(Exited(1000 + rank, code), self.server, self.selector)
 
     def error(self) -> LaunchError:
         with pytest.raises(LaunchError) as caught:
-            verdict.outcome(self.launch)
+            verdict.judge(self.attempt.facts())
         for w in self.workers:
             w.close()
-        for r in self.launch.ranks:
-            r.channel.close()
+        for r in self.attempt.ranks:
+            r.messages.close()
         self.selector.close()
         return caught.value
 
@@ -148,11 +149,11 @@ def test_a_peer_that_never_reports_is_stopped_after_the_wait_and_said_so():
     h = Harness()
     h.sent(0, LOST)
     h.read(0)
-    waited_from = h.launch.waiting_since
+    waited_from = h.attempt.waiting_since
     assert waited_from is not None and h.server.signals == []
-    h.launch._on_clock(waited_from + PEER_REPORT_SECONDS / 2, 0.0, h.server)
+    h.attempt._on_clock(waited_from + PEER_REPORT_SECONDS / 2, 0.0, h.server)
     assert h.server.signals == []  # still within the wait
-    h.launch._on_clock(waited_from + PEER_REPORT_SECONDS + 0.01, 0.0, h.server)
+    h.attempt._on_clock(waited_from + PEER_REPORT_SECONDS + 0.01, 0.0, h.server)
     assert h.server.signals == [signal.SIGTERM]
     h.exited(1, -signal.SIGTERM)
     h.exited(0, 1)
@@ -198,9 +199,11 @@ def test_a_sigkill_is_the_ranks_own_unless_nbaccel_sent_one():
     h.read(0)  # a real error: rank 1 is stopped
     h.exited(1, -signal.SIGKILL)
     h.exited(0, 1)
-    assert not verdict._failures(h.launch)[1].secondary  # we sent no SIGKILL: e.g. out of memory
-    h.launch.killed = True  # had we sent SIGKILL ourselves, rank 1 would be our doing
-    assert verdict._failures(h.launch)[1].secondary
+    facts = h.attempt.facts()
+    assert not verdict._failures(facts)[1].secondary  # we sent no SIGKILL: e.g. out of memory
+    ours = replace(facts, killed=True)  # had we sent SIGKILL ourselves, rank 1 is our doing
+    assert verdict._failures(ours)[1].secondary
+    h.attempt.killed = True
     assert "rank 1 (pid 1001) was killed by SIGKILL (stopped by nbaccel)" in str(h.error())
 
 

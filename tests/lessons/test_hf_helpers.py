@@ -38,6 +38,7 @@ needs_no_gpu = pytest.mark.skipif(
 
 
 @needs_no_gpu
+@pytest.mark.process
 def test_the_answers_typed_into_accelerate_config_are_the_files(tmp_path):
     path = tmp_path / "config.yaml"
     asked = hf.answer_accelerate_config(MULTI_GPU, path)
@@ -55,6 +56,7 @@ def test_the_answers_typed_into_accelerate_config_are_the_files(tmp_path):
 
 
 @needs_no_gpu
+@pytest.mark.process
 def test_a_question_the_answers_skip_is_named(tmp_path):
     skipped = [pair for pair in MULTI_GPU if not pair[0].startswith("Do you want to use DeepSpeed")]
     with pytest.raises(hf.ConfigAnswerError, match=r"asked 'Do you want to use DeepSpeed\?"):
@@ -62,18 +64,21 @@ def test_a_question_the_answers_skip_is_named(tmp_path):
     assert not (tmp_path / "config.yaml").exists()
 
 
+@pytest.mark.process
 def test_an_option_a_menu_does_not_offer_is_refused_with_the_options(tmp_path):
     answers = [*MULTI_GPU[:1], ("Which type of machine are you using?", "multi-GPUs")]
     with pytest.raises(hf.ConfigAnswerError, match=r"offers \[.*'multi-GPU'.*\], not 'multi-GPUs'"):
         hf.answer_accelerate_config(answers, tmp_path / "config.yaml")
 
 
+@pytest.mark.process
 def test_answers_that_stop_early_name_the_next_question(tmp_path):
     with pytest.raises(hf.ConfigAnswerError, match=r"How many different machines.* after the last"):
         hf.answer_accelerate_config(MULTI_GPU[:2], tmp_path / "config.yaml")
 
 
 @needs_no_gpu
+@pytest.mark.process
 def test_accelerate_config_failing_on_an_answer_shows_its_error(tmp_path):
     # Accelerate refuses a multi-GPU machine with one GPU and stops, before its next question
     one_gpu = [*MULTI_GPU[:8], ("How many GPU(s) should be used for distributed training?", "1")]

@@ -34,6 +34,7 @@ def test_load_counts_only_what_others_took():
     assert "within" in Load(wall=10.0, busy=20.5, own=20.0).verdict()
 
 
+@pytest.mark.process
 def test_the_meter_counts_this_process_trees_cpu_as_its_own():
     with LoadMeter() as meter:
         child = subprocess.run(

@@ -16,8 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from nbaccel import notebook_launcher
 from nbaccel.env import BREAKDOWN_VAR
-from nbaccel.observe import breakdown
-from nbaccel.observe.breakdown import EVERY, RUN, TIMED_FIRST, Breakdown, _Events
+from nbaccel.observe.breakdown import Breakdown
 from nbaccel.observe.channel import (
     BREAKDOWN,
     ESTIMATED,
@@ -126,130 +125,6 @@ def test_compute_spans_nest_and_the_waiting_after_the_last_bucket_is_communicati
     }
 
 
-class FakeEvent:
-    """A CUDA event's stand-in: ``record()`` notes the (made-up) GPU time it will complete at;
-    ``query()`` is true once the GPU has got that far."""
-
-    clock = 0.0  # the GPU time of the work queued so far, in seconds
-    gpu = 0.0  # how far the GPU has got
-    made = 0
-
-    def __init__(self) -> None:
-        FakeEvent.made += 1
-        self.at: float | None = None
-
-    def record(self) -> None:
-        self.at = FakeEvent.clock
-
-    def query(self) -> bool:
-        return self.at is not None and self.at <= FakeEvent.gpu
-
-    def elapsed_time(self, end: FakeEvent) -> float:
-        return (end.at - self.at) * 1000  # milliseconds, as CUDA's
-
-
-def test_cuda_spans_are_read_once_complete_in_order_and_their_events_recorded_again(
-    monkeypatch,
-):
-    monkeypatch.setattr(breakdown, "TIMED_FIRST", 10**9)  # every span timed (no sample)
-    FakeEvent.made, FakeEvent.gpu, FakeEvent.clock = 0, 0.0, 0.0
-    b = Breakdown(events=_Events(FakeEvent))
-    for step in range(200):  # the GPU runs a step behind: each span takes 2 s, its bucket 0.5
-        FakeEvent.clock = 2.0 * step
-        with b:
-            FakeEvent.clock += 1.0
-            b.bucket_ready()  # an earlier bucket's readiness: not the one that counts
-            FakeEvent.clock += 0.5
-            b.bucket_ready()
-            FakeEvent.clock += 0.5
-        FakeEvent.gpu = 2.0 * step  # the spans before this one have completed
-        b.counters()  # reads what has completed, waits for nothing
-    # 199 spans read, this step's not yet: 2 s each, 0.5 s after its last bucket
-    assert b.compute == pytest.approx(199 * 2.0)
-    assert b.communication == pytest.approx(199 * 0.5)
-    assert b.counters()[TIME_COMPUTE] == pytest.approx(199 * 1.5)
-    assert FakeEvent.made <= 8  # 4 a span, 200 spans: recorded again, not made anew
-    FakeEvent.gpu = 400.0
-    b.counters()
-    assert b.compute == pytest.approx(200 * 2.0)
-
-
-class CountedEvent(FakeEvent):
-    """A ``FakeEvent`` that counts its records."""
-
-    records = 0
-
-    def record(self) -> None:
-        CountedEvent.records += 1
-        super().record()
-
-
-def gpu_spans(b: Breakdown, spans: range, lengths=(1.0, 2.0, 0.5), every=0, slow=9.0, buckets=True):
-    """The loop's ``spans`` (their numbers since its start) on the fake GPU: steps of three
-    spans (forward, backward with a bucket ready 0.25 s before its end, step) of ``lengths``
-    seconds; with ``every``, each ``every``-th step's forward takes ``slow`` (an evaluation,
-    say); without ``buckets`` (one process), no bucket. Returns the GPU seconds of the spans
-    and of the waits after the last bucket, having let the GPU finish, and the estimates said
-    (``ESTIMATED`` counters, each time said)."""
-    compute = waited = 0.0
-    said: list[tuple[str, float]] = []
-    for span in spans:
-        step, kind = divmod(span, 3)
-        length = slow if every and kind == 0 and step % every == 0 else lengths[kind]
-        with b:
-            FakeEvent.clock += length - 0.25 * (kind == 1)
-            if kind == 1:
-                if buckets:
-                    b.bucket_ready()
-                    waited += 0.25
-                FakeEvent.clock += 0.25
-        compute += length
-        if kind == 2:  # the counters read what has completed (the GPU keeps up here)
-            said += [(k, v) for k, v in b.counters().items() if k.startswith(ESTIMATED)]
-            FakeEvent.gpu = FakeEvent.clock
-    FakeEvent.gpu = FakeEvent.clock
-    said += [(k, v) for k, v in b.counters().items() if k.startswith(ESTIMATED)]
-    return compute, waited, said
-
-
-def test_cuda_events_time_a_sample_whose_runs_of_whole_steps_give_the_exact_seconds():
-    """After the first spans, RUN spans in a row of every RUN * EVERY are timed and count EVERY
-    times: any RUN spans in a row hold 4 whole steps' worth here, so a loop of equal steps is
-    estimated exactly, and the events are recorded 1/EVERY as often."""
-    CountedEvent.records, FakeEvent.gpu, FakeEvent.clock = 0, 0.0, 0.0
-    b = Breakdown(events=_Events(CountedEvent))
-    compute, waited, said = gpu_spans(b, range(TIMED_FIRST))
-    assert not b._events.sampling and said == []
-    assert b.compute == compute and b.communication == waited
-    timed = CountedEvent.records
-    blocks = 20
-    more = gpu_spans(b, range(TIMED_FIRST, TIMED_FIRST + blocks * RUN * EVERY))
-    assert b.compute == pytest.approx(compute + more[0], rel=1e-12)
-    assert b.communication == pytest.approx(waited + more[1], rel=1e-12)
-    # a start and an end a span, and the backward's bucket: 7 records in 3 spans
-    assert CountedEvent.records - timed == blocks * RUN * 7 // 3
-    assert sorted(more[2]) == [(ESTIMATED + "communication", EVERY), (ESTIMATED + "compute", EVERY)]
-
-
-def test_without_buckets_only_compute_is_said_estimated():
-    FakeEvent.gpu, FakeEvent.clock = 0.0, 0.0
-    b = Breakdown(events=_Events(FakeEvent))
-    *_, said = gpu_spans(b, range(TIMED_FIRST + RUN * EVERY), buckets=False)
-    assert said == [(ESTIMATED + "compute", EVERY)] and b.communication == 0.0
-
-
-def test_the_sample_follows_no_period_of_the_loop():
-    """A slow span every 32 steps (96 spans, a block's length): a sample at a fixed place
-    would always, or never, hold it; drawn at random it holds it 1 time in EVERY."""
-    FakeEvent.gpu, FakeEvent.clock = 0.0, 0.0
-    b = Breakdown(events=_Events(FakeEvent, seed=1))
-    compute, _, _ = gpu_spans(b, range(96 * 400), every=32, slow=40.0)
-    # the slow spans hold a quarter of the time; each block's run holds its one with a chance
-    # of 1 in 8, so over 400 blocks the estimate's standard error is about 4% (and the draw
-    # is the same at every run: a seeded generator)
-    assert b.compute == pytest.approx(compute, rel=0.15)
-
-
 def test_estimated_parts_are_said_under_the_bars():
     run = Run()
     parts = {TIME_DATA: 1.0, TIME_COMPUTE: 3.0, TIME_COMMUNICATION: 0.5, TIME_LOOP: 5.0}
@@ -291,7 +166,7 @@ def test_a_model_unwrapped_without_autocast_is_still_timed():
 
     accelerator = Accelerator(mixed_precision="bf16", cpu=True)
     now, computed = [0.0], []
-    accelerator._breakdown.clock = lambda: now[0]
+    accelerator._meter.times.clock = lambda: now[0]
 
     class Clocked(nn.Linear):
         def forward(self, x):
@@ -305,7 +180,7 @@ def test_a_model_unwrapped_without_autocast_is_still_timed():
     plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
     plain(torch.ones(1, 2))
     assert computed == [torch.bfloat16, torch.float32]  # the autocast is gone ...
-    assert accelerator._breakdown.counters()[TIME_COMPUTE] == 4.0  # ... and both were timed
+    assert accelerator._meter.times.counters()[TIME_COMPUTE] == 4.0  # ... and both were timed
 
 
 # -- two CPU ranks ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from nbaccel import Accelerator, Recorder, notebook_launcher
 from nbaccel.observe.channel import SAMPLES, STEPS, Channel, Record, decode
+from nbaccel.observe.live import panel
 from nbaccel.observe.live.line import progress
 from nbaccel.observe.records import Run
 
@@ -149,7 +150,8 @@ def test_run_exports_and_reloads(tmp_path):
     assert again.records == run.records and again.world_size == 2
     lines = run.to_csv(tmp_path / "run.csv").read_text().splitlines()
     assert lines[0] == "rank,step,time,name,value" and lines[1] == "0,0,100.0,loss,0.0"
-    assert run.save_png(tmp_path / "panel.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = panel.save_png(run, tmp_path / "panel.png")  # the view is given the records
+    assert saved.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_rates_come_from_cumulative_counters():

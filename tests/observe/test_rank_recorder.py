@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import psutil
+import pytest
 import torch
 
 from nbaccel import Recorder
@@ -65,6 +66,7 @@ def test_rss_is_this_process_resident_set_size_in_mib():
     assert after - before >= 150, (before, after)
 
 
+@pytest.mark.process
 def test_a_forked_child_reads_its_own_rss_not_its_parents():
     """The recorder keeps its process handle between readings: a child forked after a reading
     (a worker forked from a process that recorded) must read itself, not the PID it inherited.

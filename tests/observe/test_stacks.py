@@ -235,6 +235,7 @@ wait_for_the_moon()
 """
 
 
+@pytest.mark.process
 def test_a_rank_answers_with_every_thread_but_its_listener(tmp_path):
     script = tmp_path / "listener.py"
     script.write_text(LISTENER)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -45,10 +47,11 @@ def test_the_channel_and_the_records_import_no_view():
     assert not any(m.startswith(("nbaccel.observe.live", "torch", "matplotlib")) for m in loaded)
 
 
-def test_a_run_draws_through_the_panel_when_asked():
+def test_the_panel_draws_a_run_it_is_given():
     loaded = imported_after(
         "from nbaccel.observe.channel import Record\nfrom nbaccel.observe.records import Run\n"
-        "run = Run(); run.add([Record(0, 0, 0.0, 'loss', 1.0)]); run.figure()"
+        "from nbaccel.observe.live import panel\n"
+        "run = Run(); run.add([Record(0, 0, 0.0, 'loss', 1.0)]); panel.figure(run)"
     )
     assert {"nbaccel.observe.live.panel", "matplotlib"} <= loaded
 
@@ -61,7 +64,8 @@ def test_the_live_view_imports_no_torch():
         "for m in pkgutil.iter_modules(live.__path__):\n"
         "    importlib.import_module(f'{live.__name__}.{m.name}')\n"
         "from nbaccel.observe.channel import Record\nfrom nbaccel.observe.records import Run\n"
-        "run = Run(); run.add([Record(0, 0, 0.0, 'loss', 1.0)]); run.figure()"
+        "from nbaccel.observe.live import panel\n"
+        "run = Run(); run.add([Record(0, 0, 0.0, 'loss', 1.0)]); panel.figure(run)"
     )
     assert {"nbaccel.observe.live.view", "nbaccel.observe.live.line", "matplotlib"} <= loaded
     assert not any(m.startswith("torch") for m in loaded)

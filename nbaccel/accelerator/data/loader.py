@@ -132,10 +132,10 @@ class PreparedDataLoader:
         non_blocking: bool = False,
     ) -> None:
         self.loader, self.device, self.state = loader, device, state
-        # counts each batch's samples for the live view, hears when a pass is complete, and
-        # its breakdown is told how long each batch took to arrive
+        # its step meter counts each batch's samples for the live view, times the wait for
+        # each batch, and hears when a pass is complete
         self.recorder = recorder
-        self.breakdown = None if recorder is None else recorder.breakdown
+        self.meter = None if recorder is None else recorder.meter
         # a copy to the GPU can run behind the compute (fully so from pinned memory); a CPU
         # "copy" has nothing to overlap with
         on_gpu = device is not None and device.type == "cuda"
@@ -223,13 +223,11 @@ class PreparedDataLoader:
             finally:
                 if replaying is not None:
                     replaying.restore()  # done already, unless the sampler never ran
-            # the loop runs once a step: what it reads is read once, here; the data's time and
-            # the samples are added up inline (Breakdown.waited_for_data and Recorder.count,
-            # without their calls), and so is the common batch's check (below)
-            device, non_blocking, recorder = self.device, self._non_blocking, self.recorder
-            breakdown, yielded, moves = self.breakdown, skip, device is not None
-            clock = None if breakdown is None else breakdown.clock
-            tick_clock = None if recorder is None else recorder.clock
+            # the loop runs once a step: what it reads is read once, here; the common batch's
+            # check is inline (below), and the meter hears of each batch in one call
+            device, non_blocking, meter = self.device, self._non_blocking, self.meter
+            yielded, moves = skip, device is not None
+            clock = None if meter is None else meter.clock
             while current is not _DONE:
                 if left is None:
                     following = next(batches, _DONE)  # read ahead: the wait for it is this batch's
@@ -251,12 +249,8 @@ class PreparedDataLoader:
                     if device is not None:
                         batch = send_to_device(current, device, non_blocking)
                     samples = samples_in(current)
-                if clock is not None:
-                    breakdown.data += clock() - asked
-                if recorder is not None:
-                    recorder.samples += samples
-                    if tick_clock() >= recorder.next_tick:
-                        recorder.tick()
+                if meter is not None:
+                    meter.batch_ready(samples, asked)
                 yielded += 1
                 self._progress = (begun, yielded)
                 yield batch
@@ -269,8 +263,8 @@ class PreparedDataLoader:
                     "as last. This is a bug in nbaccel's counted_batches: please report it."
                 )
             self.epoch += 1
-            if recorder is not None:
-                recorder.epoch_done()
+            if meter is not None:
+                meter.epoch_done()
         finally:  # complete, or left early (a break): no pass in progress to resume
             self._progress = None
             self.state.active.remove(frame)
@@ -323,8 +317,8 @@ class PreparedDataLoader:
         return None
 
     def _asked(self) -> float | None:
-        """When the loop asked for a batch, on the breakdown's clock (None: not timed)."""
-        return None if self.breakdown is None else self.breakdown.now()
+        """When the loop asked for a batch, on the meter's clock (None: not timed)."""
+        return None if self.meter is None else self.meter.now()
 
 
 def _samplers(batch_sampler: Any) -> Iterator[Any]:

@@ -30,12 +30,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ...observe.breakdown import TimedForward
-from ...tensors import map_tensors
 from .. import checkpoint
 from ..accumulation import AccumulationWindow, GradientAccumulationPlugin
 from ..optim import AcceleratedOptimizer
-from ..precision import Precision
+from ..precision import Precision, without_autocast
 from ..state import DistributedType, PartialState
 
 
@@ -78,8 +76,8 @@ class Strategy:
             scaler_kwargs=handlers.asked("scaler") if handlers else None,
             autocast_kwargs=handlers.asked("autocast") if handlers else None,
         )
-        self.breakdown = state._breakdown  # where the time goes (None: NBACCEL_BREAKDOWN=0)
-        self._timed: list[torch.nn.Module] = []  # models whose forward it times
+        # the step's events: counts, and where the time goes (untimed when the time split is off)
+        self.meter = state._meter
 
     # -- prepare -------------------------------------------------------------------------------
     def prepare(self, objects: tuple[Any, ...], prepare_one: Callable[[Any], Any]) -> list[Any]:
@@ -91,22 +89,18 @@ class Strategy:
         return prepared
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        model = model.to(self.device)
-        if self.precision.dtype is not None:
-            model.forward = AutocastForward(model.forward, self.precision)
+        model = self.precision.autocast_forward(model.to(self.device))
         return self.timed(model)
 
     def timed(self, model: torch.nn.Module, hooks: bool = False) -> torch.nn.Module:
-        """``model``, its forward timed as compute by the breakdown (once, however often it is
-        prepared): ``Breakdown.watch``."""
-        if self.breakdown is not None and model not in self._timed:
-            self._timed.append(self.breakdown.watch(model, hooks))
-        return model
+        """``model``, its forward timed as compute by the step meter (once, however often it
+        is prepared): ``StepMeter.watch``."""
+        return model if self.meter is None else self.meter.watch(model, hooks)
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, window: AccumulationWindow
     ) -> AcceleratedOptimizer:
-        return AcceleratedOptimizer(optimizer, window, self.precision, self.breakdown)
+        return AcceleratedOptimizer(optimizer, window, self.precision, self.meter)
 
     # -- the training step -----------------------------------------------------------------------
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
@@ -136,14 +130,7 @@ class Strategy:
         and with ``keep_autocast=False`` the autocast that ``prepare_model`` put on forward."""
         while (inner := self.inner(model)) is not None:
             model = inner
-        if not keep_autocast:
-            forward = model.__dict__.get("forward")
-            if isinstance(forward, TimedForward) and isinstance(forward.forward, AutocastForward):
-                # still timed, no longer autocast
-                model.forward = TimedForward(forward.forward.forward, forward.breakdown)
-            elif isinstance(forward, AutocastForward):
-                del model.__dict__["forward"]
-        return model
+        return model if keep_autocast else without_autocast(model)
 
     def inner(self, model: torch.nn.Module) -> torch.nn.Module | None:
         """The module one wrapper holds; None when ``model`` is no wrapper."""
@@ -196,64 +183,6 @@ class Strategy:
         """Leave the process group when this Accelerator joined it."""
         if leave_group and dist.is_initialized():
             dist.destroy_process_group()
-
-
-class AutocastForward:
-    """A model's forward run under autocast, its floating outputs returned as float32.
-
-    It turns autocast on and off with torch's own switches (``torch.set_autocast_enabled`` and
-    the rest, thread-local as the context manager's), in the order ``torch.autocast`` uses
-    them, instead of building the context manager, whose Python (``__init__``, ``__enter__``,
-    ``__exit__``) runs on every forward: that saved a bf16 step about 9-10 us on a 2-core CPU,
-    0.5-0.8% (``benchmarks/results/overhead-xeon-cpu.md``, ``overhead-lesson-xeon-cpu.md``).
-    With ``AutocastKwargs``, or where a torch function mode is on (``torch.export``'s tracing,
-    which the context manager tells), it takes ``torch.autocast`` itself.
-    """
-
-    def __init__(self, forward: Any, precision: Precision) -> None:
-        self.forward = forward
-        # precision.autocast()'s arguments, read once: a call and an import statement less on
-        # every forward
-        self._where = (precision.device.type, precision.dtype)
-        self._kwargs = precision.autocast_kwargs
-        # torch.autocast checks the device and dtype (it refuses, or warns and turns itself
-        # off, where they cannot be used): once, here, for the switches' way
-        probe = torch.autocast(*self._where, **self._kwargs)
-        on = getattr(probe, "_enabled", False) is True  # (a private name: if gone, the manager)
-        self._switches = on and not self._kwargs and _function_modes is not None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._switches and not _function_modes():
-            device, dtype = self._where
-            was_on, was_dtype = _is_on(device), _dtype_of(device)
-            _turn(device, True)
-            _set_dtype(device, dtype)
-            _nest()
-            try:
-                out = self.forward(*args, **kwargs)
-            finally:
-                if _unnest() == 0:  # the outermost autocast: its cast weights are dropped
-                    torch.clear_autocast_cache()
-                _turn(device, was_on)
-                _set_dtype(device, was_dtype)
-        else:
-            with torch.autocast(*self._where, **self._kwargs):
-                out = self.forward(*args, **kwargs)
-        if type(out) is torch.Tensor:  # the common output: _float32 without map_tensors
-            return out.float() if out.is_floating_point() else out
-        return map_tensors(out, _float32)
-
-
-# torch's autocast switches (C functions), looked up once; whether a function mode is on is
-# private to torch: where a version lacks it, the context manager is used
-_is_on, _dtype_of = torch.is_autocast_enabled, torch.get_autocast_dtype
-_turn, _set_dtype = torch.set_autocast_enabled, torch.set_autocast_dtype
-_nest, _unnest = torch.autocast_increment_nesting, torch.autocast_decrement_nesting
-_function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", None)
-
-
-def _float32(t: torch.Tensor) -> torch.Tensor:
-    return t.float() if t.is_floating_point() else t
 
 
 def trainable(model: torch.nn.Module) -> bool:

@@ -4,7 +4,7 @@ What lesson 2 writes by hand: ``DistributedDataParallel`` broadcasts rank 0's we
 wraps the model, then averages each bucket of gradients over the ranks while backward is still
 running, so every rank's optimizer takes the same step.
 
-The breakdown (``nbaccel.observe.breakdown``) learns when each bucket is ready from a communication
+The step meter (``nbaccel.observe.meter``) learns when each bucket is ready from a communication
 hook around torch's own all-reduce, registered at the first backward that syncs. DDP takes one hook:
 a hook of the user's own, registered on the prepared model before then, replaces ours and is timed
 the same way (``register_comm_hook`` of the prepared model wraps it). So is the hook that
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ...observe.breakdown import timed_allreduce
+from ...observe.meter import timed_allreduce
 from .base import Strategy, trainable
 
 
@@ -32,7 +32,7 @@ class DDP(Strategy):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._unhooked: list[DistributedDataParallel] = []  # no breakdown hook tried yet
+        self._unhooked: list[DistributedDataParallel] = []  # no meter hook tried yet
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         model = model.to(self.device)
@@ -42,22 +42,22 @@ class DDP(Strategy):
             handler = self.handlers.ddp if self.handlers is not None else None
             asked = handler.to_kwargs() if handler is not None else {}
             model = DistributedDataParallel(model, device_ids=ids, **asked)
-            if self.breakdown is not None:
+            if self.meter is not None and self.meter.timing:
                 self._unhooked.append(model)
                 model.register_comm_hook = self._timing(model, model.register_comm_hook)
             hook = handler.comm_hook_for(model.process_group) if handler is not None else None
             if hook is not None:
-                model.register_comm_hook(*hook)  # timed, when the breakdown is on
+                model.register_comm_hook(*hook)  # timed, when the meter times
         return super().prepare_model(model)
 
     def _timing(self, model: DistributedDataParallel, register: Any) -> Any:
         """``model.register_comm_hook`` for the user's own hook: it notes each bucket's
-        readiness for the breakdown, then runs the user's hook unchanged."""
-        breakdown = self.breakdown
+        readiness to the step meter, then runs the user's hook unchanged."""
+        meter = self.meter
 
         def register_comm_hook(state: object, hook: Any) -> None:
             def timed(state, bucket):  # unannotated: DDP checks only annotations it finds
-                breakdown.bucket_ready()
+                meter.bucket_ready()
                 return hook(state, bucket)
 
             # DDP logs the name, and checks it: bf16 hooks need CUDA with NCCL >= 2.10
@@ -75,12 +75,12 @@ class DDP(Strategy):
         super().backward(loss, sync, **kwargs)
 
     def _hook_gradient_sync(self) -> None:
-        """Register the breakdown's hook on the models that have none of the user's yet (one
+        """Register the meter's hook on the models that have none of the user's yet (one
         registered directly on the inner DDP, bypassing ours, is kept: torch refuses a second)."""
         for model in self._unhooked:
             with contextlib.suppress(RuntimeError):  # "can only be called once": the user's
                 DistributedDataParallel.register_comm_hook(
-                    model, (self.breakdown, model.process_group), timed_allreduce
+                    model, self.meter.hook_state(model.process_group), timed_allreduce
                 )
         self._unhooked.clear()
 

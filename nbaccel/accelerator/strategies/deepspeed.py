@@ -17,7 +17,7 @@ The engine owns more than DDP or FSDP do, and the Accelerator leaves it all to t
 The engine's model comes back whole (``full_state_dict``, ``consolidate``) for a file that loads
 into the plain model; ``zero`` builds the engine's config and starts DeepSpeed quietly.
 
-The breakdown (``nbaccel.observe.breakdown``) times the engine's forward, backward and step as
+The step meter (``nbaccel.observe.meter``) times the engine's forward, backward and step as
 compute: its collectives, inside ``deepspeed.comm``, are not measured apart.
 """
 
@@ -33,14 +33,14 @@ import torch
 import torch.distributed as dist
 
 from ...env import backend_for
-from ...observe.breakdown import Breakdown
+from ...observe.meter import StepMeter
 from .. import checkpoint
 from ..accumulation import AccumulationWindow, GradientAccumulationPlugin
 from ..data.loader import PreparedDataLoader
 from ..optim import AcceleratedOptimizer
 from ..state import DistributedType, PartialState
 from . import ds_config
-from .base import AutocastForward, Strategy, trainable
+from .base import Strategy, trainable
 
 
 class DeepSpeed(Strategy):
@@ -128,8 +128,7 @@ class DeepSpeed(Strategy):
             # Inside the engine: DeepSpeed (0.19) turns off an autocast entered outside it
             # around its module unless its own torch_autocast section is set, so an autocast
             # on engine.forward met float32 inputs with 16-bit weights on CUDA.
-            module = engine.module
-            module.forward = AutocastForward(module.forward, self.precision)
+            self.precision.autocast_forward(engine.module)
         self.engine = engine
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -139,7 +138,7 @@ class DeepSpeed(Strategy):
         self, optimizer: torch.optim.Optimizer, window: AccumulationWindow
     ) -> AcceleratedOptimizer:
         self.optimizer = DeepSpeedOptimizer(
-            optimizer, window, self.precision, self.engine, self.breakdown
+            optimizer, window, self.precision, self.engine, self.meter
         )
         return self.optimizer
 
@@ -254,9 +253,9 @@ class DeepSpeedOptimizer(AcceleratedOptimizer):
         window: AccumulationWindow,
         precision: Any,
         engine: Any,
-        breakdown: Breakdown | None = None,
+        meter: StepMeter | None = None,
     ) -> None:
-        super().__init__(optimizer, window, precision, breakdown)
+        super().__init__(optimizer, window, precision, meter)
         self.engine = engine
 
     def step(self, closure=None):  # type: ignore[override]

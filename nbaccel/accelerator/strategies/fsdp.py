@@ -15,7 +15,7 @@ optimizer may be created before ``prepare`` as usual; gradients are reduce-scatt
 ``no_sync`` switches that off instead of DDP's all-reduce; tensors are DTensors, gathered whole
 for a file, a checkpoint or a gradient norm.
 
-The breakdown (``nbaccel.observe.breakdown``) times FSDP2's all-gathers and reduce-scatters on
+The step meter (``nbaccel.observe.meter``) times FSDP2's all-gathers and reduce-scatters on
 CPU, by handing each sharded module FSDP2's own default collectives wrapped in a clock
 (``set_custom_all_gather``/``set_custom_reduce_scatter``); gloo blocks inside them.
 """
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...observe import breakdown
+from ...observe.meter import StepMeter
 from ..accumulation import AccumulationWindow
 from ..optim import AcceleratedOptimizer
 from ..state import DistributedType
@@ -70,10 +70,10 @@ class FSDP(Strategy):
         self._replaced.update({before[n]: after[n] for n in before if n in after})
         for optimizer in self._optimizers:  # prepared in an earlier call
             swap_parameters(optimizer, self._replaced)
-        if self.breakdown is not None and self.device.type == "cpu":
-            time_collectives(model, self.breakdown)
+        if self.meter is not None and self.meter.timing and self.device.type == "cpu":
+            time_collectives(model, self.meter)
         # FSDP's mixed-precision policy casts: no autocast on forward; its gathering runs in
-        # forward hooks, which the breakdown's hooks enclose
+        # forward hooks, which the meter's hooks enclose
         return self.timed(model, hooks=True)
 
     def prepare_optimizer(
@@ -132,7 +132,7 @@ class FSDP(Strategy):
             super().load_states(models, optimizers, model_states, optimizer_states)
 
 
-def time_collectives(model: torch.nn.Module, timing: breakdown.Breakdown) -> None:
+def time_collectives(model: torch.nn.Module, meter: StepMeter) -> None:
     """Count the time inside each sharded module's all-gathers and reduce-scatters as
     communication. FSDP2's default collectives do the work, unchanged; where this version of
     torch lacks them, or a module refuses a custom one, its collectives stay in compute."""
@@ -148,12 +148,12 @@ def time_collectives(model: torch.nn.Module, timing: breakdown.Breakdown) -> Non
 
     class TimedAllGather(DefaultAllGather):
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            with breakdown.communicating(timing, "FSDP's all_gather"):
+            with meter.communicating("FSDP's all_gather"):
                 return super().__call__(*args, **kwargs)
 
     class TimedReduceScatter(DefaultReduceScatter):
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            with breakdown.communicating(timing, "FSDP's reduce_scatter"):
+            with meter.communicating("FSDP's reduce_scatter"):
                 return super().__call__(*args, **kwargs)
 
     for module in model.modules():

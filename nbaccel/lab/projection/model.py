@@ -344,10 +344,8 @@ def check(
                 f"the projection is {abs(error):.0%} {'above' if above else 'below'} the "
                 f"measurement, outside the ±{bound:.0%} bound; {_ABOVE if above else _BELOW}"
             )
-    return Check(
-        compute_seconds, gradient_bytes, batch_size, link, overlap, spoiled, workers,
-        p.samples_per_s, point, error, bound, reason is None, reason,
-    )  # fmt: skip
+    asked = (compute_seconds, gradient_bytes, batch_size, link, overlap, spoiled, workers)
+    return Check(*asked, p.samples_per_s, point, error, bound, reason is None, reason)
 
 
 def coinciding(

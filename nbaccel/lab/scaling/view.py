@@ -8,7 +8,7 @@ is flagged (``flags.above_one``) and drawn as spoiled.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...observe.channel import BREAKDOWN
 from ...observe.live.bars import COLOURS
@@ -16,12 +16,24 @@ from ...observe.live.line import loss_name
 from .flags import short
 
 if TYPE_CHECKING:
-    from .result import Scaling
+    from ...observe.records import Run, Timing
+
+
+class Measured(Protocol):
+    """What the figure reads of a measurement (``result.py``'s ``Scaling``, which draws itself
+    through this module; declared here, so this module does not import it back)."""
+
+    runs: dict[int, Run]  # the median run per process count
+
+    def rows(self) -> list[dict[str, Any]]: ...
+
+    def timing(self, n: int) -> Timing: ...
+
 
 SPOILED = {"color": "gray", "markerfacecolor": "none", "linestyle": "none", "marker": "o"}
 
 
-def figure(scaling: Scaling):
+def figure(scaling: Measured):
     """Throughput (each repeat a small point, the median, the ideal line), efficiency, the
     loop's shares per process count (when the runs timed their loops), and loss against the
     seconds since each median run's first training step (start-up left out, as in the
@@ -93,7 +105,7 @@ def efficiency(ax, rows: list[dict[str, Any]]) -> None:
     ax.set(xlabel="processes", title="scaling efficiency", xticks=counts, ylim=(0, top))
 
 
-def loss(ax, scaling: Scaling) -> None:
+def loss(ax, scaling: Measured) -> None:
     """Each median run's loss against the seconds since its first training step."""
     for n, run in sorted(scaling.runs.items()):
         name = loss_name(run)

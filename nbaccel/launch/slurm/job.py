@@ -25,12 +25,12 @@ by ``scontrol show job`` (TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL). The wat
 how it tells the culprit from the consequences and a dead node from a busy one, is
 ``watch.py``; what SLURM's commands say, and the stop, ``queue.py``.
 
-The job folder is the channel: ``folder/<job id>-<launch tag>`` (a job ID can recur; the tag
-does not), created readable by the user alone (0700), holds the batch script, the pickled call,
-each task's log and result, and each failed rank's error. Nothing listens on the network for
-the notebook; torch's rendezvous between the nodes is the only traffic, as under torchrun. What
-the job writes there while it runs is sealed with a secret made for this launch, and the
-notebook drops and logs what lacks the seal (``folder.py``).
+The job folder is the only link between notebook and nodes: ``folder/<job id>-<launch tag>`` (a job
+ID can recur; the tag does not), created readable by the user alone (0700), holds the batch script,
+the pickled call, each task's log and result, and each failed rank's error. Nothing listens on the
+network for the notebook; torch's rendezvous between the nodes is the only traffic, as under
+torchrun. What the job writes there while it runs is sealed with a secret made for this launch, and
+the notebook drops and logs what lacks the seal (``folder.py``).
 
 Clocks: the records carry each node's ``time.time()``, and rates and the run's timing compare
 them across nodes, as SLURM itself assumes synchronized clocks (NTP, chrony). A node whose
@@ -56,8 +56,17 @@ from .cluster import SlurmCluster, check_slurm, folder_warning
 from .watch import Watch
 
 
-def launch(payload: bytes, environ: dict, nproc: int, num_nodes: int, cluster: SlurmCluster,
-           return_all: bool, timeout: float | None, run=None, view=None) -> list[Any]:  # fmt: skip
+def launch(
+    payload: bytes,
+    environ: dict,
+    nproc: int,
+    num_nodes: int,
+    cluster: SlurmCluster,
+    return_all: bool,
+    timeout: float | None,
+    run=None,
+    view=None,
+) -> list[Any]:
     """Submit (or, inside an allocation, start a job step), watch, and return every rank's
     value in rank order (or raise)."""
     from .node import run_node

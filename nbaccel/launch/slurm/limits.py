@@ -90,9 +90,13 @@ def read_partition(scontrol: str) -> Partition | None:
     except ValueError:
         max_time = None
     return Partition(
-        fields["PartitionName"], fields.get("State"), number("TotalNodes"), number("MaxNodes"),
-        max_time, number("MaxCPUsPerNode"),
-    )  # fmt: skip
+        fields["PartitionName"],
+        fields.get("State"),
+        number("TotalNodes"),
+        number("MaxNodes"),
+        max_time,
+        number("MaxCPUsPerNode"),
+    )
 
 
 def read_nodes(sinfo: str) -> list[Node] | None:

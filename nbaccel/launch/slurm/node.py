@@ -16,11 +16,11 @@ the moment it happens, and returns its value cloudpickled (``protocol.Result``, 
 worker does). ``run_node`` returns {global rank: (pid, Result)}; submitit carries it back
 through the job folder.
 
-The job folder is the channel, and nothing listens on the network for the notebook: torch's
-rendezvous store on the first node (which hosts it as torchrun does) and the process group's
-own connections are the only traffic, between the nodes. Only the user can read and write the
-folder (0700), and what the notebook and the nodes exchange there while the job runs is sealed
-with the launch's own secret; each side drops and logs what lacks the seal (``folder.py``).
+The job folder is the only link to the notebook, and nothing listens on the network for the
+notebook: torch's rendezvous store on the first node (which hosts it as torchrun does) and the
+process group's own connections are the only traffic, between the nodes. Only the user can read and
+write the folder (0700), and what the notebook and the nodes exchange there while the job runs is
+sealed with the launch's own secret; each side drops and logs what lacks the seal (``folder.py``).
 """
 
 from __future__ import annotations
@@ -184,12 +184,13 @@ def sweep_stacks_dirs() -> None:
 
 
 def _answer_requests(folder: Path, stacks_dir: str, node_id: int, key: bytes) -> None:
-    """The node's side channel while the job runs. It beats (``node-<K>.alive``: a counter,
-    sealed, every ``HEARTBEAT_S``), so that the notebook can tell a node that died from one that
-    is busy. And it answers "where is every rank?": the notebook writes ``stacks.request`` (a
-    new id each time, sealed) to the job folder; this node asks its ranks at their sockets, as a
-    local launch does (``observe/stacks.py``), and writes their answers beside it, sealed. A
-    request without the launch's seal is refused, and said so in the node's log."""
+    """The node's side of the job folder while the job runs. It beats (``node-<K>.alive``: a
+    counter, sealed, every ``HEARTBEAT_S``), so that the notebook can tell a node that died from
+    one that is busy. And it answers "where is every rank?": the notebook writes
+    ``stacks.request`` (a new id each time, sealed) to the job folder; this node asks its ranks at
+    their sockets, as a local launch does (``observe/stacks.py``), and writes their answers
+    beside it, sealed. A request without the launch's seal is refused, and said so in the
+    node's log."""
     seen, beats, last = None, 0, 0.0
     while True:
         time.sleep(0.2)
@@ -273,8 +274,13 @@ def work(payload: bytes, folder: str) -> tuple[int, tuple]:
         close_all()
 
 
-def _write_error(rank: int, folder: str, exc: BaseException, exit_code: int | None = None,
-                 message: str | None = None) -> None:  # fmt: skip
+def _write_error(
+    rank: int,
+    folder: str,
+    exc: BaseException,
+    exit_code: int | None = None,
+    message: str | None = None,
+) -> None:
     from ..protocol import is_collective_failure
 
     report = {

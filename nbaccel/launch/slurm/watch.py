@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...errors import LaunchError, RankFailure, by_priority, root_cause_report
+from ... import errors
+from ...errors import RankFailure, by_priority, root_cause_report
 from . import queue
 from .folder import JobFolder, heartbeat_path, stacks_answer, write_sealed
 
@@ -47,8 +48,17 @@ class Watch:
     """One job (or job step) from the queue to its end: its state shown, its output relayed,
     its errors read, its values back."""
 
-    def __init__(self, job, folder: Path, key: bytes, step=None, run=None, view=None,
-                 nodes: int = 1, nproc: int = 1) -> None:  # fmt: skip
+    def __init__(
+        self,
+        job,
+        folder: Path,
+        key: bytes,
+        step=None,
+        run=None,
+        view=None,
+        nodes: int = 1,
+        nproc: int = 1,
+    ) -> None:
         self.job, self.folder, self.key, self.step = job, folder, key, step
         self.run, self.view, self.nodes, self.nproc = run, view, nodes, nproc
         self.world_size = nodes * nproc
@@ -123,7 +133,7 @@ class Watch:
                 break
             if state == "PENDING" and reason in queue.NEVER_STARTS:
                 self.cancel()
-                raise LaunchError(queue.never_starts(self.id, reason), run=self.run)
+                raise errors.LaunchError(queue.never_starts(self.id, reason), run=self.run)
             failures = self.failures()
             now = time.monotonic()
             if any(not f.secondary for f in failures):
@@ -150,7 +160,7 @@ class Watch:
         ended = " and was cancelled" if gone else f"; {self.said_after_stop()}"
         if not self.ran:
             why = reason if reason and reason != "None" else "queued"
-            raise LaunchError(
+            raise errors.LaunchError(
                 f"{self.name} did not start within timeout={timeout:g} s{ended}: it waited in "
                 f"the queue ({why}) and never ran",
                 run=self.run,
@@ -158,7 +168,7 @@ class Watch:
         said = f"{self.name} did not finish within timeout={timeout:g} s{ended}"
         said += f". {where}" if where is not None else ""
         stacks = where.stacks if where is not None else {}
-        raise LaunchError(f"{said}\n\nIts logs: {self.folder}", run=self.run, stacks=stacks)
+        raise errors.LaunchError(f"{said}\n\nIts logs: {self.folder}", run=self.run, stacks=stacks)
 
     def failures(self) -> list[RankFailure]:
         """Every rank's failure known now, the root cause first: the ranks' own and their
@@ -193,12 +203,10 @@ class Watch:
                 "unresponsive (yet): the node died, or the task on it was killed (by memory, "
                 "most often)"
             )
+            said = f"went silent with its node: nothing was heard from {name} for {silent:.0f} s"
             for rank in range(node * self.nproc, (node + 1) * self.nproc):
-                self.lost.setdefault(rank, RankFailure(
-                    rank=rank, node=name,
-                    message=f"went silent with its node: nothing was heard from {name} for "
-                    f"{silent:.0f} s; {why}",
-                ))  # fmt: skip
+                failure = RankFailure(rank=rank, node=name, message=f"{said}; {why}")
+                self.lost.setdefault(rank, failure)
 
     def _hear(self) -> float:
         """Read each node's heartbeat; note when it last changed (the notebook's own clock,
@@ -252,7 +260,6 @@ class Watch:
     def outcome(self, return_all: bool) -> list[Any]:
         from types import SimpleNamespace
 
-        from ..child_failed import LaunchError  # also torch's ChildFailedError
         from ..results import collect
 
         run = self.run
@@ -269,23 +276,25 @@ class Watch:
                 run.failures = failures
             report = root_cause_report(failures, set(), [])
             after = f"\n\n{self.said_after_stop()}" if self.stopped else ""
-            raise LaunchError(f"{report}{after}\n\nThe job's logs: {self.folder}", failures, run)
+            raise errors.LaunchError(
+                f"{report}{after}\n\nThe job's logs: {self.folder}", failures, run
+            )
         if self.step is None and (missing or by_slurm):
-            raise LaunchError(self.ended_by_slurm(state, fields, bool(missing)), run=run)
+            raise errors.LaunchError(self.ended_by_slurm(state, fields, bool(missing)), run=run)
         if self.step is not None and missing:
-            raise LaunchError(self.step_failed(), run=run)
+            raise errors.LaunchError(self.step_failed(), run=run)
         values: dict[int, tuple] = {}
         for i, task in enumerate(tasks):
             try:
                 values.update(task.result())
             except Exception as exc:  # the node's own task failed, outside the function
-                raise LaunchError(
+                raise errors.LaunchError(
                     f"{self.name}: node task {i} failed before or after its ranks ran "
                     f"({state}):\n{exc}",
                     run=run,
                 ) from None
         if len(values) != self.world_size:
-            raise LaunchError(
+            raise errors.LaunchError(
                 f"{self.name} returned {len(values)} of {self.world_size} ranks' values; see "
                 f"{self.folder}",
                 run=run,
@@ -300,9 +309,8 @@ class Watch:
         job, limit, logs = self.id, fields.get("TimeLimit", "?"), self.folder
         ran = self.ran or fields.get("NodeList", "(null)") not in ("", "(null)", "None")
         if state == "CANCELLED" and self.stopped is None:
-            when = f"while it ran on {self.node_list or fields.get('NodeList')}" if ran else (
-                "before it started"
-            )  # fmt: skip
+            nodes = self.node_list or fields.get("NodeList")
+            when = f"while it ran on {nodes}" if ran else "before it started"
             return (
                 f"SLURM job {job} was cancelled from outside this launch (scancel, or an "
                 f"administrator) {when}; its logs: {logs}"

@@ -70,7 +70,7 @@ class LiveCallback(TrainerCallback):
             self.recorder.accumulation = args.gradient_accumulation_steps
         device = args.device
         self.breakdown = for_device(device) if getattr(device, "type", "cpu") == "cpu" else None
-        self.recorder.breakdown = self.breakdown
+        self.recorder.meter.time_with(self.breakdown)
         if self.breakdown is not None and args.world_size > 1:
             common.unmeasured(self.recorder, "communication")
         if model is not None:

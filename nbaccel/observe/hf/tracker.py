@@ -133,7 +133,7 @@ def _watch(accelerator: Any, model: Any, optimizer: Any, dataloader: Any) -> Any
     if accelerator.gradient_accumulation_steps > 1:
         recorder.accumulation = accelerator.gradient_accumulation_steps
     breakdown = for_device(device) if device.type == "cpu" else None
-    recorder.breakdown = breakdown
+    recorder.meter.time_with(breakdown)
     spans = _Spans(breakdown)
     _hooks[model] = [model.register_forward_pre_hook(spans.forward, prepend=True)]
 

@@ -33,8 +33,10 @@ def estimate_notes(estimated: Mapping[str, float]) -> list[str]:
     rates: dict[float, list[str]] = {}
     for part, every in estimated.items():
         rates.setdefault(every, []).append(part)
-    return [f"{' and '.join(parts)} estimated: GPU events time 1 span in {every:g}"
-            for every, parts in rates.items()]  # fmt: skip
+    return [
+        f"{' and '.join(parts)} estimated: GPU events time 1 span in {every:g}"
+        for every, parts in rates.items()
+    ]
 
 
 class BreakdownBars:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import bisect
 import io
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..channel import MIN_RATE_SPAN_S, MIN_WINDOW_S, RSS, SAMPLES
@@ -32,6 +34,13 @@ def figure(run: Run, total_steps: int | None = None, now: float | None = None):
 
 def png(run: Run, total_steps: int | None = None, now: float | None = None) -> bytes:
     return Panel().png(run, total_steps, now)
+
+
+def save_png(run: Run, path: str | os.PathLike, total_steps: int | None = None) -> Path:
+    """The panel of ``run``'s records, written to ``path`` as a PNG; returns the path."""
+    path = Path(path)
+    path.write_bytes(png(run, total_steps))
+    return path
 
 
 def to_png(fig) -> bytes:

@@ -122,6 +122,7 @@ def ranks():
     return run_ranks(compare_on_ranks, world_size=WORLD)
 
 
+@pytest.mark.multiprocess
 def test_every_rank_gets_accelerates_batches(ranks):
     assert len(ranks[0]) > 100
     for rank, results in enumerate(ranks):
@@ -133,6 +134,7 @@ def test_every_rank_gets_accelerates_batches(ranks):
             assert got == expected, (rank, case)
 
 
+@pytest.mark.multiprocess
 def test_a_pass_gathered_and_cut_to_remainder_is_the_data(ranks):
     for per_rank in zip(*ranks, strict=True):
         case = per_rank[0][0]
@@ -245,6 +247,7 @@ def accelerator_on_ranks():
     return out
 
 
+@pytest.mark.multiprocess
 def test_an_accelerators_dispatched_loaders():
     ranks = run_ranks(accelerator_on_ranks, world_size=WORLD)
     for name in ranks[0]:

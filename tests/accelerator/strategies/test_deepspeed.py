@@ -140,6 +140,7 @@ def test_zero_save_state_then_load_state_continues_identically(tmp_path):
 # Two runs in this one process: the second also checks that end_training released the
 # process group through DeepSpeed, which otherwise keeps the destroyed group and fails.
 @pytest.mark.parametrize("stage, offload", [(2, None), (3, "cpu")])
+@pytest.mark.process
 def test_one_process_trains_through_deepspeed_and_leaves_nothing_behind(stage, offload):
     plugin = DeepSpeedPlugin(zero_stage=stage, offload_optimizer_device=offload)
     accelerator = Accelerator(deepspeed_plugin=plugin, live=False)

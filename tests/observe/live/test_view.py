@@ -291,6 +291,7 @@ def test_a_saved_panel(tmp_path):
     assert (tmp_path / "final.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.process
 def test_the_display_side_imports_no_torch():
     code = (
         "import sys, nbaccel.observe.live.panel as d, nbaccel.observe.channel as m\n"

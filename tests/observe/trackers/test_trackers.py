@@ -159,6 +159,7 @@ def test_mlflow_honours_mlflow_tracking_uri(tmp_path, monkeypatch):
 
 
 @needs["wandb"]
+@pytest.mark.process
 def test_wandb_logs_offline_without_an_account_and_says_so(tmp_path, monkeypatch, capfd):
     for var in ("WANDB_MODE", "WANDB_API_KEY"):
         monkeypatch.delenv(var, raising=False)
