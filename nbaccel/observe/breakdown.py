@@ -51,8 +51,9 @@ step span, or DDP's wait (its last bucket ready to backward's end), the step's k
 random. The host counts every interval (the CPU path's definitions); a
 timed one stands for those of its kind since the one timed before it, so the totals estimate
 the same quantities the CPU path measures; they say so (``ESTIMATED``, ``Run.estimated()``,
-the panel's bars). Every span timed cost lesson 5's 1.3 ms H200 step 9%
-(``results/gpu-step.md``). On the CPU every span is timed: host clocks cost little there.
+the panel's bars). Every span timed cost lesson 5's 1.3 ms H200 step about 7% (0.911 of plain
+PyTorch with it, 0.983 without: ``results/gpu-step.md``). On the CPU every span is timed: host
+clocks cost little there.
 
 Off: ``NBACCEL_BREAKDOWN=0`` times nothing and wraps or hooks nothing (``for_device`` returns
 None). The step's events reach a ``Breakdown`` through the rank's step meter
