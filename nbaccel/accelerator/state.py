@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import functools
 import gc
 import warnings
@@ -377,7 +378,16 @@ def _free_before_exit() -> None:
     """Free what reference cycles still hold (an Accelerator and its prepared objects: a DDP
     model keeps its gloo group alive) while the interpreter is whole. Left to the interpreter's
     own teardown, a gloo group freed there can abort the process after training succeeded
-    ("terminate called without an active exception")."""
+    ("terminate called without an active exception").
+
+    The groups nbaccel created are kept, not freed: a DDP model freed here frees its group's
+    last owner in its Reducer's destructor, which joins gloo's threads while holding Python's
+    lock, and now and then waits there for ever or aborts the process (the hazard
+    ``launch/kept_groups.py`` describes for the launcher's workers). One reference more, never
+    dropped, leaves the group to the process's end, like a worker's ``os._exit``; it was
+    destroyed for torch already (``end_training``) or is about to die with the process."""
+    for group in list(_created):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
     gc.collect()
 
 

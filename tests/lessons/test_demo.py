@@ -64,6 +64,6 @@ def test_a_prepared_ddp_model_is_freed_before_the_interpreter_tears_down(tmp_pat
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc-per-node", "2", str(script)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-1000:] + done.stderr[-3000:]
     freed = sorted(line for line in done.stdout.splitlines() if "freed" in line)
     assert freed == [f"rank {r}: freed while finalizing=False" for r in (0, 1)], done.stdout
