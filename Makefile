@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 # Reinstall whenever the pins or the declared dependencies change.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet -c constraints.txt -e '.[notebook,test,dev,deepspeed,browser,trackers,slurm,transformers]'
+	$(PIP) install --quiet -c constraints.txt -e '.[notebook,test,dev,deepspeed,browser,trackers,slurm,transformers,stateful]'
 	$(BIN)/python -m nbaccel build-ops
 	touch $(STAMP)
 

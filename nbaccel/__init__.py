@@ -18,6 +18,14 @@ _EXPORTS = {
     "Accelerator": "accelerator.accelerator",
     "set_seed": "utils",
     "DataLoaderConfiguration": "accelerator.data.sharding",
+    "DataLoaderShard": "accelerator.data.adapters",
+    "DataLoaderDispatcher": "accelerator.data.adapters",
+    "SkipDataLoader": "accelerator.data.adapters",
+    "skip_first_batches": "accelerator.data.adapters",
+    "DataLoaderStateMixin": "accelerator.data.loader",
+    "BatchSamplerShard": "accelerator.data.samplers",
+    "SkipBatchSampler": "accelerator.data.samplers",
+    "IterableDatasetShard": "accelerator.data.streams",
     "GradientAccumulationPlugin": "accelerator.accumulation",
     "DistributedType": "accelerator.state",
     "PartialState": "accelerator.state",
@@ -42,6 +50,11 @@ _EXPORTS = {
     "ProjectConfiguration": "accelerator.project",
     "GeneralTracker": "observe.trackers.general",
     "LoggerType": "observe.trackers.general",
+    "TensorBoardTracker": "observe.trackers.builtin",
+    "MLflowTracker": "observe.trackers.builtin",
+    "WandBTracker": "observe.trackers.builtin",
+    "LOGGER_TYPE_TO_CLASS": "observe.trackers.registry",
+    "register_tracker_class": "observe.trackers.registry",
     "AcceleratorState": "accelerator.current",
     "GradientState": "accelerator.current",
     "AutocastKwargs": "accelerator.handlers",
@@ -49,15 +62,21 @@ _EXPORTS = {
     "DistributedDataParallelKwargs": "accelerator.handlers",
     "GradScalerKwargs": "accelerator.handlers",
     "InitProcessGroupKwargs": "accelerator.handlers",
+    "find_executable_batch_size": "accelerator.memory_utils",
 }
 __all__ = [
+    "LOGGER_TYPE_TO_CLASS",
     "Accelerator",
     "AcceleratorState",
     "AutocastKwargs",
+    "BatchSamplerShard",
     "CellError",
     "CheckpointError",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DataLoaderDispatcher",
+    "DataLoaderShard",
+    "DataLoaderStateMixin",
     "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
     "DistributedType",
@@ -68,30 +87,48 @@ __all__ = [
     "GradientAccumulationPlugin",
     "GradientState",
     "InitProcessGroupKwargs",
+    "IterableDatasetShard",
     "LaunchError",
     "LiveCallback",
     "LiveTracker",
     "LiveView",
     "LoggerType",
+    "MLflowTracker",
     "NbaccelError",
     "PartialState",
     "ProjectConfiguration",
     "Ranks",
     "Recorder",
     "Run",
+    "SkipBatchSampler",
+    "SkipDataLoader",
     "SlurmCluster",
+    "TensorBoardTracker",
     "Tracker",
+    "WandBTracker",
+    "find_executable_batch_size",
     "measure_scaling",
     "notebook_launcher",
+    "register_tracker_class",
     "send_to_device",
     "set_seed",
+    "skip_first_batches",
 ]
 
 if TYPE_CHECKING:
     from .accelerator.accelerator import Accelerator
     from .accelerator.accumulation import GradientAccumulationPlugin
     from .accelerator.current import AcceleratorState, GradientState
+    from .accelerator.data.adapters import (
+        DataLoaderDispatcher,
+        DataLoaderShard,
+        SkipDataLoader,
+        skip_first_batches,
+    )
+    from .accelerator.data.loader import DataLoaderStateMixin
+    from .accelerator.data.samplers import BatchSamplerShard, SkipBatchSampler
     from .accelerator.data.sharding import DataLoaderConfiguration
+    from .accelerator.data.streams import IterableDatasetShard
     from .accelerator.handlers import (
         AutocastKwargs,
         DDPCommunicationHookType,
@@ -99,6 +136,7 @@ if TYPE_CHECKING:
         GradScalerKwargs,
         InitProcessGroupKwargs,
     )
+    from .accelerator.memory_utils import find_executable_batch_size
     from .accelerator.project import ProjectConfiguration
     from .accelerator.state import DistributedType, PartialState
     from .accelerator.strategies.ds_config import DeepSpeedPlugin
@@ -113,7 +151,9 @@ if TYPE_CHECKING:
     from .observe.live.view import LiveView
     from .observe.rank_recorder import Recorder, Tracker
     from .observe.records import Run
+    from .observe.trackers.builtin import MLflowTracker, TensorBoardTracker, WandBTracker
     from .observe.trackers.general import GeneralTracker, LoggerType
+    from .observe.trackers.registry import LOGGER_TYPE_TO_CLASS, register_tracker_class
     from .utils import send_to_device, set_seed
 
 
@@ -127,6 +167,11 @@ def __getattr__(name: str) -> Any:
     elif name in _EXPORTS:
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     else:
+        from .errors import not_ported  # torch-free
+
+        error = not_ported("nbaccel", name)
+        if error is not None:  # from nbaccel import init_empty_weights: says why not
+            raise error
         raise AttributeError(f"module 'nbaccel' has no attribute {name!r}")
     globals()[name] = value
     return value

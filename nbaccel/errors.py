@@ -200,3 +200,65 @@ def root_cause_report(failures: list[RankFailure], stopped: set[int], finished: 
             "rank stop at the same step.",
         ]
     return "\n".join(lines)
+
+
+class NotPortedError(ImportError):
+    """An Accelerate name nbaccel leaves out on purpose: the message says why, and what to use."""
+
+
+# What of Accelerate's public surface nbaccel will not offer, and why (README: "Coming from
+# Hugging Face Accelerate"). Raised by ``nbaccel`` and ``nbaccel.utils`` when ported code
+# imports one of these names, instead of Python's bare "cannot import name".
+_BIG_MODEL = (
+    "big-model inference (placing a model too large for one device over devices, CPU and "
+    "disk) is not part of nbaccel, which trains; import it from accelerate, which works "
+    "beside nbaccel"
+)
+_FP8 = (
+    "FP8 training needs Transformer Engine, MS-AMP or torchao on recent GPUs; nbaccel's mixed "
+    'precision is "fp16" and "bf16"'
+)
+_PARALLEL = "nbaccel shares a model with DDP, FSDP2 or DeepSpeed only, not with tensor parallelism"
+NOT_PORTED = {
+    **dict.fromkeys(
+        (
+            "init_empty_weights",
+            "init_on_device",
+            "load_checkpoint_and_dispatch",
+            "dispatch_model",
+            "infer_auto_device_map",
+            "cpu_offload",
+            "cpu_offload_with_hook",
+            "disk_offload",
+            "load_checkpoint_in_model",
+        ),
+        _BIG_MODEL,
+    ),
+    **dict.fromkeys(
+        ("FP8RecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "AORecipeKwargs"), _FP8
+    ),
+    **dict.fromkeys(
+        ("MegatronLMPlugin", "TorchTensorParallelPlugin", "ParallelismConfig"), _PARALLEL
+    ),
+    "ProfileKwargs": (
+        "nbaccel's time split (run.breakdown(), the live view) shows where time goes; for "
+        "torch.profiler's trace, open torch.profiler.profile() around your loop yourself"
+    ),
+    "TorchDynamoPlugin": (
+        "prepare() does not compile; call torch.compile(model) yourself before prepare()"
+    ),
+    "debug_launcher": (
+        "use notebook_launcher(function, num_processes=2, cpu=True), which starts CPU ranks "
+        "the same way from a notebook or a script"
+    ),
+}
+
+
+def not_ported(module: str, name: str) -> NotPortedError | None:
+    """The error for importing ``name`` from ``module`` if nbaccel leaves it out on purpose."""
+    if name not in NOT_PORTED:
+        return None
+    return NotPortedError(
+        f"{module}.{name} is Accelerate's and has no nbaccel counterpart: {NOT_PORTED[name]}.",
+        name=name,
+    )

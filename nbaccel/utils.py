@@ -20,6 +20,7 @@ import torch.distributed as dist
 from . import tensors
 from .accelerator.accumulation import GradientAccumulationPlugin
 from .accelerator.collectives import (
+    CannotPadNestedTensorWarning,
     Reduction,
     broadcast,
     broadcast_object_list,
@@ -32,6 +33,7 @@ from .accelerator.collectives import (
 from .accelerator.data.prepare import prepare_data_loader
 from .accelerator.data.samplers import SeedableRandomSampler
 from .accelerator.data.sharding import DataLoaderConfiguration
+from .accelerator.environment import check_os_kernel, clear_environment, patch_environment
 from .accelerator.handlers import (
     AutocastKwargs,
     DDPCommunicationHookType,
@@ -40,14 +42,34 @@ from .accelerator.handlers import (
     InitProcessGroupKwargs,
     KwargsHandler,
 )
+from .accelerator.logging_utils import get_logger
+from .accelerator.memory_utils import (
+    clear_device_cache,
+    find_executable_batch_size,
+    release_memory,
+    should_reduce_batch_size,
+)
+from .accelerator.operations import (
+    concatenate,
+    convert_to_fp32,
+    find_batch_size,
+    find_device,
+    honor_type,
+    is_namedtuple,
+    is_torch_tensor,
+    listify,
+    recursively_apply,
+)
 from .accelerator.project import ProjectConfiguration
 from .accelerator.state import DistributedType, PartialState
+from .accelerator.wrappers import extract_model_from_parallel, is_compiled_module
 from .env import DistEnv
-from .errors import DistributedOperationException
+from .errors import DistributedOperationException, not_ported
 from .observe.trackers.general import LoggerType
 
 __all__ = [
     "AutocastKwargs",
+    "CannotPadNestedTensorWarning",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DeepSpeedPlugin",  # noqa: F822  (imported when asked for: __getattr__ below)
@@ -66,13 +88,32 @@ __all__ = [
     "SeedableRandomSampler",
     "broadcast",
     "broadcast_object_list",
+    "check_os_kernel",
+    "clear_device_cache",
+    "clear_environment",
+    "concatenate",
+    "convert_to_fp32",
+    "extract_model_from_parallel",
+    "find_batch_size",
+    "find_device",
+    "find_executable_batch_size",
     "gather",
     "gather_object",
+    "get_logger",
+    "honor_type",
+    "is_compiled_module",
+    "is_namedtuple",
+    "is_torch_tensor",
+    "listify",
     "pad_across_processes",
+    "patch_environment",
     "prepare_data_loader",
+    "recursively_apply",
     "reduce",
+    "release_memory",
     "send_to_device",
     "set_seed",
+    "should_reduce_batch_size",
     "synchronize_rng_states",
 ]
 
@@ -88,6 +129,9 @@ _PLUGINS = {
 def __getattr__(name: str) -> Any:
     if name in _PLUGINS:
         return getattr(importlib.import_module(_PLUGINS[name], __package__), name)
+    error = not_ported("nbaccel.utils", name)
+    if error is not None:  # from nbaccel.utils import FP8RecipeKwargs: says why not
+        raise error
     raise AttributeError(f"module 'nbaccel.utils' has no attribute {name!r}")
 
 

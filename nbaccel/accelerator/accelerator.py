@@ -35,25 +35,27 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
 from ..config import LaunchConfig, MixedPrecision, check_mode
-from ..env import DistEnv
 from ..observe.meter import StepMeter
 from ..observe.rank_recorder import Recorder
 from ..observe.trackers.log_with import Trackers
-from . import collectives, current, saving, tracking
+from . import collectives, current, keywords, saving, tracking
 from .accumulation import (
     AccumulationWindow,
     GradientAccumulationPlugin,
     MicroBatch,
     accumulation_plugin,
 )
+from .data import adapters
 from .data.loader import LoopState, PreparedDataLoader
 from .data.sharding import DataLoaderConfiguration, prepare_dataloader
 from .handlers import AutocastKwargs, Handlers
 from .join import join_uneven
+from .memory_utils import release_memory
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .project import ProjectConfiguration
-from .state import DistributedType, PartialState
+from .state import DistributedType, PartialState, process_env
 from .strategies import DDP, choose
+from .strategies.base import Strategy
 from .strategies.ds_config import DeepSpeedPlugin  # DeepSpeed itself loads on demand
 from .strategies.fsdp import FSDPPlugin
 
@@ -85,12 +87,16 @@ class Accelerator(PartialState):
             (``strategies/deepspeed.py``). A launch with ``zero_stage=N`` (``nbaccel launch
             --deepspeed --zero-stage N``) makes ``DeepSpeedPlugin(zero_stage=N)`` the default.
         log_with: experiment trackers (``"tensorboard"``, ``"mlflow"``, ``"wandb"``, ``"all"``,
-            a list, or ``GeneralTracker`` objects: ``nbaccel.observe.trackers``), started by
-            ``init_trackers``; ``log`` writes to them on the main process.
+            a name given to ``register_tracker_class``, a list, or ``GeneralTracker`` objects:
+            ``nbaccel.observe.trackers``), started by ``init_trackers``; ``log`` writes to them
+            on the main process. Accelerate's other trackers (``"comet_ml"``, ...) are refused.
         project_dir, project_config: the run's folder, for the trackers' files and for
             checkpoints that name themselves (``project.ProjectConfiguration``).
         kwargs_handlers: Accelerate's ``DistributedDataParallelKwargs``, ``GradScalerKwargs``,
             ``InitProcessGroupKwargs``, ``AutocastKwargs``, one of each (``handlers.py``).
+        device_placement, split_batches, deepspeed_plugins, rng_types, dynamo_backend, ...:
+            Accelerate's other keywords; ``keywords.py`` says which are honoured as there,
+            which with a warning (``split_batches``) and which raise, and why.
 
     ``accelerator.state`` and ``accelerator.gradient_state`` are Accelerate's
     ``AcceleratorState`` and ``GradientState``, read from this Accelerator (``current.py``).
@@ -111,7 +117,29 @@ class Accelerator(PartialState):
         project_dir: str | os.PathLike | None = None,
         project_config: ProjectConfiguration | None = None,
         kwargs_handlers: list[Any] | None = None,
+        *,
+        device_placement: bool = True,
+        split_batches: bool | None = None,
+        deepspeed_plugins: Any = None,
+        rng_types: list[Any] | None = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        parallelism_config: Any = None,
+        **removed: Any,
     ) -> None:
+        keywords.refuse_unknown(removed)  # Accelerate's removed ones, named with their new home
+        keywords.refuse_engines(
+            torch_tp_plugin,
+            megatron_lm_plugin,
+            parallelism_config,
+            dynamo_backend,
+            dynamo_plugin,
+            rng_types,
+        )
+        deepspeed_plugin = keywords.one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
+        dataloader_config = keywords.fold_split_batches(split_batches, dataloader_config)
         launch = LaunchConfig.from_environ()  # what notebook_launcher / nbaccel launch chose
         given = launch.mixed_precision if mixed_precision is None else mixed_precision
         precision_given = given is not None
@@ -123,15 +151,16 @@ class Accelerator(PartialState):
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.gradient_accumulation_plugin = plugin
         self.project_configuration = project_config or ProjectConfiguration()
-        if project_dir is not None:
-            self.project_configuration.set_directories(project_dir)
+        if project_dir is not None and self.project_configuration.project_dir is None:
+            self.project_configuration.set_directories(project_dir)  # the config's comes first
         self._registered: list[Any] = []  # register_for_checkpointing's objects
+        self._state_hooks = saving.StateHooks()  # register_{save,load}_state_pre_hook's
         self._steps_before = 0  # optimizer steps of the run this one resumed
         self._trackers = Trackers(log_with, self.project_configuration.logging_dir)
         plugins, chosen, kind = choose(  # refused before joining the process group
             {"fsdp_plugin": fsdp_plugin, "deepspeed_plugin": deepspeed_plugin},
             launch,
-            distributed=DistEnv.from_environ().is_distributed,
+            distributed=process_env().is_distributed,
         )
         self.fsdp_plugin = plugins["fsdp_plugin"]
         self.deepspeed_plugin = plugins["deepspeed_plugin"]
@@ -151,6 +180,7 @@ class Accelerator(PartialState):
             self.recorder = Recorder(live=live, device=self.device, meter=self._meter)
             ddp, scales = isinstance(self.strategy, DDP), self.strategy.scales_losses
             self.handlers.check(self.distributed_type, ddp, self.mixed_precision, scales)
+            keywords.check_placement(device_placement, self.device, "Accelerator()")
         except BaseException:
             self.destroy_process_group()  # nothing half-made outlives a refused Accelerator
             raise
@@ -159,6 +189,8 @@ class Accelerator(PartialState):
         self._loop = LoopState()
         self._micro_batch = MicroBatch(self._window, self._loop, self.strategy.no_sync, ())
         self._total_steps: int | None = None
+        self.device_placement = device_placement
+        self.rng_types = list(rng_types or ["generator"])
         current.register(self)  # AcceleratorState() and GradientState() find it
 
     # -- where this process stands: PartialState's names, and these ---------------------------
@@ -190,12 +222,24 @@ class Accelerator(PartialState):
 
     @property
     def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step. Assignable, as in Accelerate: the windows that
+        open from then on have the new length (not under DeepSpeed, whose config fixed it)."""
         return self._window.steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        plugin = keywords.set_accumulation(self.strategy, self._window, value)
+        self.gradient_accumulation_plugin = plugin
 
     @property
     def sync_gradients(self) -> bool:
-        """False on the micro-batches of a window that only accumulate."""
+        """False on the micro-batches of a window that only accumulate. Assignable, as in
+        Accelerate (the next ``accumulate`` sets it again)."""
         return self._window.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self._window.sync_gradients = bool(value)
 
     @property
     def step(self) -> int:
@@ -220,6 +264,8 @@ class Accelerator(PartialState):
         return any(opt.step_was_skipped for opt in self._optimizers)
 
     def __repr__(self) -> str:
+        if "_reset_by" in self.__dict__:
+            return super().__repr__()
         return (
             f"Accelerator(rank={self.rank}, num_processes={self.num_processes}, "
             f"device={self.device}, mixed_precision={self.mixed_precision!r}, "
@@ -227,7 +273,7 @@ class Accelerator(PartialState):
         )
 
     # -- prepare -------------------------------------------------------------------------------
-    def prepare(self, *objects: Any) -> Any:
+    def prepare(self, *args: Any, device_placement: list[bool | None] | None = None) -> Any:
         """Prepare models, optimizers, DataLoaders and LR schedulers; return them in order.
 
         * ``nn.Module``: on ``device``, wrapped by the strategy (DDP with several processes);
@@ -237,33 +283,101 @@ class Accelerator(PartialState):
           ``backward`` steps the engine and ``step()`` does nothing, as in Accelerate.
         * ``DataLoader``: each rank gets ``batch_size`` distinct samples per step, on ``device``.
         * LR scheduler: steps only when its optimizer really stepped.
+        * Anything else (None, a list, ...) comes back unchanged, as in Accelerate.
+
+        ``device_placement``: one entry per object (``False`` keeps it where it is: see
+        ``prepare_model``, ``prepare_data_loader``). What it prepared has
+        ``_is_accelerate_prepared = True``, and preparing it again returns it as it is.
         """
         current.check_not_reset(self, "prepare()")
-        prepared = self.strategy.prepare(objects, self._prepare_one)
+        deepspeed = self.distributed_type == DistributedType.DEEPSPEED
+        placed = keywords.placements(args, device_placement, deepspeed)
+        asked = dict(zip(map(id, args), placed, strict=True))
+        prepared = self.strategy.prepare(args, lambda o: self._prepare_one(o, asked.get(id(o))))
+        held = self._models, self._optimizers, self._schedulers, self._dataloaders
+        keywords.mark_prepared(prepared, *held)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
-    def _prepare_one(self, obj: Any) -> Any:
-        if isinstance(obj, AcceleratedScheduler | PreparedDataLoader):
-            return obj
-        if isinstance(obj, torch.nn.Module):
-            return _kept(self._models, self.strategy.prepare_model(obj))
-        if isinstance(obj, AcceleratedOptimizer):
-            return _kept(self._optimizers, obj)
-        if isinstance(obj, torch.optim.Optimizer):
-            return _kept(self._optimizers, self.strategy.prepare_optimizer(obj, self._window))
-        if isinstance(obj, DataLoader):
-            config, loop = self.dataloader_config, self._loop  # counted by the recorder
-            loader = prepare_dataloader(obj, self.env, self.device, config, loop, self.recorder)
-            return _kept(self._dataloaders, loader)
-        if isinstance(obj, LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau):
+    def prepare_model(
+        self,
+        model: torch.nn.Module,
+        device_placement: bool | None = None,
+        evaluation_mode: bool = False,
+    ) -> torch.nn.Module:
+        """``prepare`` for one model: on ``device``, wrapped by the strategy (DDP, FSDP2), its
+        forward under autocast. ``evaluation_mode=True``: placed and autocast only, never
+        wrapped, for a model that only evaluates. A model prepared before comes back as it is.
+        ``device_placement=False`` is taken on the CPU only (elsewhere nbaccel places it)."""
+        current.check_not_reset(self, "prepare_model()")
+        if getattr(model, "_is_accelerate_prepared", False):
+            return _kept(self._models, model)
+        keywords.check_placement(device_placement, self.device, "prepare_model()")
+        keywords.check_quantized(model, self.use_distributed)
+        if evaluation_mode:  # what one process does: move, autocast; no DDP, no sharding
+            prepared = Strategy.prepare_model(self.strategy, model)
+        else:
+            prepared = self.strategy.prepare_model(model)
+        prepared._is_accelerate_prepared = True
+        return _kept(self._models, prepared)
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
+        """``prepare`` for one optimizer: it follows the accumulation window (see ``prepare``).
+        Prepare its model first (FSDP2 replaces the parameters)."""
+        current.check_not_reset(self, "prepare_optimizer()")
+        keywords.check_placement(device_placement, self.device, "prepare_optimizer()")
+        if not isinstance(optimizer, AcceleratedOptimizer):
+            optimizer = self.strategy.prepare_optimizer(optimizer, self._window)
+        optimizer._is_accelerate_prepared = True
+        return _kept(self._optimizers, optimizer)
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """``prepare`` for one LR scheduler: it steps when its optimizer really stepped,
+        ``num_processes`` times (once with ``split_batches``), as in Accelerate."""
+        current.check_not_reset(self, "prepare_scheduler()")
+        if not isinstance(scheduler, AcceleratedScheduler):
             batches = 1 if self.split_batches else self.num_processes
             per_step = batches if self.step_scheduler_with_optimizer else None
-            return _kept(self._schedulers, AcceleratedScheduler(obj, self._window, per_step))
-        raise TypeError(
-            f"prepare() got a {type(obj).__module__}.{type(obj).__qualname__}; it prepares "
-            "torch.nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader and LR "
-            "schedulers. Pass other objects around prepare(), unchanged."
+            scheduler = AcceleratedScheduler(scheduler, self._window, per_step)
+        scheduler._is_accelerate_prepared = True
+        return _kept(self._schedulers, scheduler)
+
+    def prepare_data_loader(
+        self,
+        data_loader: DataLoader,
+        device_placement: bool | None = None,
+        slice_fn_for_dispatch: Any = None,
+    ) -> Any:
+        """``prepare`` for one DataLoader: this rank's shard, its batches on ``device`` unless
+        ``device_placement=False``; ``slice_fn_for_dispatch`` cuts dispatched steps."""
+        current.check_not_reset(self, "prepare_data_loader()")
+        if isinstance(data_loader, PreparedDataLoader):
+            return data_loader
+        placed = self.device_placement if device_placement is None else device_placement
+        config, loop = self.dataloader_config, self._loop
+        loader = prepare_dataloader(
+            data_loader,
+            self.env,
+            self.device,
+            config,
+            loop,
+            self.recorder,
+            slice_fn=slice_fn_for_dispatch,
+            device_placement=placed,
         )
+        return _kept(self._dataloaders, loader)
+
+    def _prepare_one(self, obj: Any, device_placement: bool | None = None) -> Any:
+        if isinstance(obj, torch.nn.Module):
+            return self.prepare_model(obj, device_placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj, device_placement)
+        if isinstance(obj, DataLoader | PreparedDataLoader):
+            return self.prepare_data_loader(obj, device_placement)
+        if isinstance(obj, _SCHEDULERS):
+            return self.prepare_scheduler(obj)
+        return obj  # as Accelerate: what it does not prepare passes through unchanged
 
     # -- the training step -----------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -365,13 +479,14 @@ class Accelerator(PartialState):
         self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
     ) -> None:
         """Start the ``log_with`` trackers for a run named ``project_name`` (on the main
-        process), recording ``config``, the hyperparameters; ``init_kwargs`` go to each
+        process): each named one is made, then every one's ``start()`` opens its writer or run;
+        then ``config``, the hyperparameters, is recorded. ``init_kwargs`` go to each
         library, e.g. ``{"wandb": {"entity": "me"}}``. Every rank may call it."""
         self._trackers.start(project_name, config, init_kwargs, self.is_main_process)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The started tracker ``name`` (``unwrap``: the library's own object: the
-        SummaryWriter, the MlflowClient, the wandb run); on other ranks one that does nothing."""
+        SummaryWriter, the MLflow run, the wandb run); on other ranks one that does nothing."""
         return self._trackers.get(name, unwrap)
 
     tracker = property(lambda self: self.recorder, doc="``recorder``'s old name.")
@@ -389,27 +504,71 @@ class Accelerator(PartialState):
         self._total_steps = self.recorder.total_steps = value
 
     # -- models and files (the files' methods call saving.py) ------------------------------------
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True):
+    def unwrap_model(
+        self,
+        model: torch.nn.Module,
+        keep_fp32_wrapper: bool = True,
+        keep_torch_compile: bool = True,
+    ) -> torch.nn.Module:
         """The user's own module inside DDP and ``torch.compile`` wrappers.
 
         Its ``state_dict()`` has no ``module.`` prefix, so it loads into a plain model.
         ``keep_fp32_wrapper=False`` also removes the autocast that ``prepare`` put on forward.
+        ``keep_torch_compile`` (Accelerate's): when ``model`` itself is ``torch.compile``'s
+        wrapper, return that wrapper with the bare module inside it (its ``_orig_mod``); False:
+        the bare module.
         """
-        return self.strategy.unwrap(model, keep_autocast=keep_fp32_wrapper)
+        inner = self.strategy.unwrap(model, keep_autocast=keep_fp32_wrapper)
+        if not keep_torch_compile or "_orig_mod" not in getattr(model, "_modules", {}):
+            return inner
+        model._orig_mod = inner  # as Accelerate: the compiled wrapper, now round the bare module
+        return model
 
-    def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The model's full state dict, unsharded and without wrapper prefixes, on every rank
-        (every rank must call it): it loads into the plain model."""
-        return self.strategy.state_dict(model)
+        (every rank must call it): it loads into the plain model. ``unwrap=False``: a DDP or
+        ``torch.compile`` wrapper's own, keys prefixed ``module.`` or ``_orig_mod.``."""
+        return saving.state_dict(self.strategy, model, unwrap)
 
-    def save(self, obj: Any, path: str | os.PathLike) -> None:
-        """``torch.save`` on the main process only, atomically (temporary file, then rename).
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """``torch.save`` on the main process only, atomically (temporary file, then rename);
+        ``safe_serialization=True`` writes a dict of tensors as safetensors instead.
 
         Sharded tensors (FSDP) and a DeepSpeed model's state dict (recognised by its keys) are
         gathered whole first, so every rank must call it then, as
         ``accelerator.save(accelerator.unwrap_model(model).state_dict(), path)`` is.
         """
-        saving.save(self.strategy, obj, path, self.is_main_process)
+        saving.save(self.strategy, obj, f, self.is_main_process, safe_serialization)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Save the unwrapped model's weights into ``save_directory`` by Hugging Face's names
+        (``model.safetensors``, or ``pytorch_model.bin`` without ``safe_serialization``), in
+        shards with an index beyond ``max_shard_size`` (bytes, or ``"5GB"``), for
+        ``accelerate.load_checkpoint_in_model`` or ``from_pretrained``. Every rank calls it;
+        the main process writes (``model_files.py``)."""
+        main = self.is_main_process
+        saving.save_model(
+            self.strategy, model, save_directory, max_shard_size, safe_serialization, main
+        )
+
+    @property
+    def project_dir(self) -> str | os.PathLike | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | os.PathLike | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """The number the next automatic checkpoint takes at least."""
+        return self.project_configuration.iteration
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Keep ``objects`` (anything with ``state_dict``/``load_state_dict``: an epoch counter,
@@ -418,40 +577,97 @@ class Accelerator(PartialState):
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """The prepared ``dataloader``'s next pass without its first ``num_batches`` batches:
-        after ``load_state``, the rest of the interrupted epoch, in the order it had."""
-        return saving.skip_first_batches(dataloader, num_batches)
+        after ``load_state``, the rest of the interrupted epoch, in the order it had. A torch
+        DataLoader: one that skips them (``nbaccel.skip_first_batches``, as Accelerate's)."""
+        return adapters.skip_first_batches(dataloader, num_batches)
 
-    def save_state(self, output_dir: str | os.PathLike | None = None) -> None:
+    def register_save_state_pre_hook(self, hook: Any) -> Any:
+        """Call ``hook(models, weights, output_dir)`` in ``save_state`` before the models are
+        written: the prepared models, their state dicts (remove one to leave it unsaved) and the
+        folder being written (save your own files there). Returns a handle: ``.remove()``."""
+        return self._state_hooks.add("save", hook)
+
+    def register_load_state_pre_hook(self, hook: Any) -> Any:
+        """Call ``hook(models, input_dir)`` in ``load_state`` before the models are loaded
+        (remove a model from the list to leave it as it is). Returns a handle: ``.remove()``."""
+        return self._state_hooks.add("load", hook)
+
+    def save_state(
+        self,
+        output_dir: str | os.PathLike | None = None,
+        safe_serialization: bool = True,
+        **save_model_func_kwargs: Any,
+    ) -> str:
         """Checkpoint models, optimizers, schedulers, scaler, RNG states, ``step``, the registered
-        objects and where each prepared DataLoader stands.
+        objects and where each prepared DataLoader stands; return the folder.
 
         Every rank must call it. The directory is replaced whole, or not at all. With no folder,
-        ``ProjectConfiguration(automatic_checkpoint_naming=True)`` names it.
+        ``ProjectConfiguration(automatic_checkpoint_naming=True)`` names it. Models go to
+        ``model.safetensors``, ``model_1.safetensors``, ... (``model_<i>.pt`` with
+        ``safe_serialization=False``).
         """
         self._trackers.flush()  # a resumed run's records go on from here, none missing
         held, steps = self._checkpointed(), self._steps_before + self.recorder.optimizer_steps
-        saving.save_state(held, output_dir, process=self, step=self.step, optimizer_steps=steps)
+        return saving.save_state(
+            held, output_dir, self, self.step, steps, safe_serialization, save_model_func_kwargs
+        )
 
-    def load_state(self, input_dir: str | os.PathLike | None = None) -> None:
+    def load_state(
+        self,
+        input_dir: str | os.PathLike | None = None,
+        load_kwargs: dict | None = None,
+        **load_model_func_kwargs: Any,
+    ) -> None:
         """Restore what ``save_state`` wrote, after preparing the same objects in the same order
         (with no folder: the newest complete automatic checkpoint).
 
         Raises ``CheckpointError`` (a ``ValueError``) for a missing, partial or corrupt
-        checkpoint, before any object is changed. Files load with ``weights_only=True``.
+        checkpoint, before any object is changed. Files load with ``weights_only=True``;
+        ``map_location`` (``"cpu"``, ``"on_device"``) is accepted, the states going where the
+        prepared objects are.
         """
-        self.step, steps = saving.load_state(self._checkpointed(), input_dir, self.rank)
+        held = self._checkpointed()
+        self.step, steps = saving.load_state(
+            held, input_dir, self.rank, load_kwargs, load_model_func_kwargs
+        )
         self._steps_before = steps - self.recorder.optimizer_steps  # the trackers' count goes on
 
     def _checkpointed(self) -> saving.Checkpointed:
         return saving.Checkpointed(
             self.strategy,
             self.project_configuration,
-            [self.unwrap_model(m) for m in self._models],  # the user's own, as a file holds them
+            [self.unwrap_model(m, keep_torch_compile=False) for m in self._models],  # the user's
             [o.optimizer for o in self._optimizers],
             [s.scheduler for s in self._schedulers],
             self._dataloaders,
             self._registered,
             self.scaler,
+            list(self._models),
+            self._state_hooks,
+        )
+
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Forget the prepared models, optimizers, schedulers and DataLoaders (and a DeepSpeed
+        engine), set ``step`` to 0, collect garbage and empty the device's cache; returns
+        ``objects`` as Nones, to assign back (``model, optimizer = accelerator.free_memory(
+        model, optimizer)``): call it between two trainings with different models."""
+        keywords.release_engine(self.strategy)  # a DeepSpeed engine: Accelerate destroys it too
+        for held in (self._models, self._optimizers, self._schedulers, self._dataloaders):
+            held.clear()
+        self.step = 0
+        return release_memory(*objects)
+
+    def clear(self, *objects: Any) -> list[None]:
+        """``free_memory``'s other name, as in Accelerate."""
+        return self.free_memory(*objects)
+
+    def profile(self, profile_handler: Any = None) -> contextlib.AbstractContextManager:
+        """Not here: Accelerate's ``torch.profiler`` context. nbaccel measures where a step's
+        time goes on every step (``run.breakdown()``, the live view)."""
+        raise NotImplementedError(
+            "accelerator.profile() is Accelerate's torch.profiler context; nbaccel shows where "
+            "time goes on every step (run.breakdown(), the live view). For a profiler trace, "
+            "open torch.profiler.profile() around your loop yourself."
         )
 
     def end_training(self) -> None:
@@ -468,6 +684,9 @@ class Accelerator(PartialState):
             return super().destroy_process_group()
         with self._leaving_group() as last:  # the last live Accelerator destroys the group
             strategy.end(self._models, leave_group=last)
+
+
+_SCHEDULERS = (LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau, AcceleratedScheduler)
 
 
 def _kept(objects: list[Any], obj: Any) -> Any:

@@ -120,9 +120,10 @@ class AccumulationWindow:
         """This micro-batch's gradients stay local (DDP's ``no_sync``)."""
         return not self.sync_gradients and not self.plugin.sync_each_batch
 
-    def track(self, optimizer: Any) -> None:
-        """A prepared optimizer: its scheduler waits for its first real step."""
-        self._stepped[id(optimizer)] = False
+    def track(self, optimizer: Any, stepped: bool = True) -> None:
+        """A prepared optimizer (``stepped``: whether its scheduler may step, as in Accelerate:
+        until a step is skipped it may, before the first step too)."""
+        self._stepped[id(optimizer)] = stepped
 
     def stepped(self, optimizer: Any, changed: bool) -> None:
         """The window's end: ``optimizer`` stepped, and ``changed`` says if the weights moved."""

@@ -6,8 +6,10 @@ the old file or the new one, never a mix.
 
 A checkpoint written by ``save_state`` is a directory::
 
-    nbaccel_state.json          what is inside (counts, step, world size): written last
-    model_0.pt ...              weights, without DDP's ``module.`` prefix
+    nbaccel_state.json          what is inside (counts, step, world size, file names): last
+    model.safetensors,          weights, without DDP's ``module.`` prefix, by Accelerate's
+      model_1.safetensors ...   names (tied weights once: ``model_files``); with
+                                ``safe_serialization=False``, pickled: model_0.pt, model_1.pt
     optimizer_0.pt ...          optimizer state (identical on every rank under DDP)
     scheduler_0.pt ...          learning-rate schedulers
     scaler.pt                   the fp16 GradScaler, when there is one
@@ -31,7 +33,6 @@ import os
 import pickle
 import random
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,28 +40,24 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
+from .model_files import atomic_write, load_safetensors, save_safetensors, with_aliases
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "nbaccel_state.json"
-FORMAT = 2  # 2 added dataloaders_<rank>.pt and custom_checkpoint_<i>.pt
+FORMAT = 3  # 2 added dataloaders_<rank>.pt and custom_checkpoint_<i>.pt; 3 model_files
+
+
+def model_file(i: int, safe_serialization: bool) -> str:
+    """Model ``i``'s file: Accelerate's safetensors names, or nbaccel's pickled ones."""
+    if safe_serialization:
+        return "model.safetensors" if i == 0 else f"model_{i}.safetensors"
+    return f"model_{i}.pt"
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save(obj, path)``, but an interruption leaves the previous file intact."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"cannot save to {path}: the folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def rng_state() -> dict[str, Any]:
@@ -131,6 +128,8 @@ def save_state(
     custom: Sequence[Any] = (),
     loaders: Sequence[Any] = (),
     counters: dict[str, int] | None = None,
+    safe_serialization: bool = False,
+    before_write: Callable[[list[dict], Path], None] | None = None,
 ) -> Path:
     """Write a checkpoint directory; every rank must call it (each saves its RNG state and its
     ``loaders``' states; rank 0 the rest). ``custom``: objects with ``state_dict``;
@@ -138,6 +137,9 @@ def save_state(
 
     ``engine``, when given, is called on every rank with the staging directory to write a
     training engine's own checkpoint (DeepSpeed's, in ``deepspeed/``) beside nbaccel's files.
+    ``before_write``, when given, is called on every rank with the models' state dicts and the
+    staging directory before they are written (``register_save_state_pre_hook``'s hooks): it
+    may write files there, and remove state dicts from the list to leave them unsaved.
     """
     final = Path(directory)
     staging = final.with_name(f".{final.name}.staging")
@@ -153,9 +155,16 @@ def save_state(
     atomic_save([loader.state_dict() for loader in loaders], staging / f"dataloaders_{rank}.pt")
     if engine is not None:
         engine(staging)
+    weights = [model.state_dict() for model in models]
+    if before_write is not None:
+        before_write(weights, staging)
+    model_files = [model_file(i, safe_serialization) for i in range(len(weights))]
     if rank == 0:
-        for i, model in enumerate(models):
-            atomic_save(model.state_dict(), staging / f"model_{i}.pt")
+        for weight, name in zip(weights, model_files, strict=True):
+            if safe_serialization:
+                save_safetensors(weight, staging / name)
+            else:
+                atomic_save(weight, staging / name)
         for i, optimizer in enumerate(optimizers):
             atomic_save(optimizer.state_dict(), staging / f"optimizer_{i}.pt")
         for i, scheduler in enumerate(schedulers):
@@ -170,7 +179,8 @@ def save_state(
             "format": FORMAT,
             "step": step,
             "world_size": world_size,
-            "models": len(models),
+            "models": len(weights),
+            "model_files": model_files,
             "optimizers": len(optimizers),
             "schedulers": len(schedulers),
             "scaler": scaler is not None,
@@ -270,7 +280,8 @@ def read_state(
             f"{'has one' if scaler is not None else 'has none'}: use the same mixed_precision "
             "as the run that saved it."
         )
-    names = [f"model_{i}.pt" for i in range(len(models))]
+    model_files = manifest.get("model_files") or [model_file(i, False) for i in range(len(models))]
+    names = list(model_files)
     names += [f"optimizer_{i}.pt" for i in range(len(optimizers))]
     names += [f"scheduler_{i}.pt" for i in range(len(schedulers))]
     names += ["scaler.pt"] if scaler is not None else []
@@ -289,8 +300,12 @@ def read_state(
     if missing:
         raise CheckpointError(f"{folder} is incomplete: missing {', '.join(missing)}.")
     loaded = {name: _load(folder / name) for name in names}
-    for i, model in enumerate(models):
-        _check_model(folder / f"model_{i}.pt", loaded[f"model_{i}.pt"], model)
+    for i, (model, name) in enumerate(zip(models, model_files, strict=True)):
+        state = loaded.pop(name)
+        if name.endswith(".safetensors"):  # tied weights were saved once
+            state = with_aliases(state, model.state_dict())
+        _check_model(folder / name, state, model)
+        loaded[f"model_{i}.pt"] = state  # model i's state, whichever file held it
     return {"manifest": manifest, **loaded}
 
 
@@ -304,6 +319,15 @@ def _check_counts(folder: Path, manifest: dict, **objects: Sequence[Any]) -> Non
 
 
 def _load(path: Path) -> Any:
+    if path.suffix == ".safetensors":
+        try:
+            return load_safetensors(path)
+        except ImportError:
+            raise
+        except Exception as err:
+            raise CheckpointError(
+                f"{path} is corrupt or truncated and cannot be loaded: {err}"
+            ) from err
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:

@@ -24,6 +24,7 @@ alternative is a dead or silently wrong process and the price is one small colle
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -34,6 +35,7 @@ from ..errors import DistributedOperationException
 from ..tensors import has_tensor, map_tensors
 
 __all__ = [
+    "CannotPadNestedTensorWarning",
     "Reduction",
     "broadcast",
     "broadcast_object_list",
@@ -283,6 +285,11 @@ def _reduce(tensor: Any, reduction: Reduction) -> Any:
     return map_tensors(tensor, one)
 
 
+class CannotPadNestedTensorWarning(UserWarning):
+    """``pad_across_processes`` met a nested tensor (``torch.nested``), whose rows have sizes
+    of their own, and left it as it is."""
+
+
 def pad_across_processes(
     tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
 ) -> Any:
@@ -290,13 +297,27 @@ def pad_across_processes(
 
     Every rank must pass the same structure, with the same number of dimensions per tensor, and
     ``dim`` must be one of them (else every rank raises a ``DistributedOperationException``
-    naming each rank's shapes); ``pad_first`` puts the padding in front.
+    naming each rank's shapes); ``pad_first`` puts the padding in front. A nested tensor
+    (``torch.nested``) is left as it is, with a ``CannotPadNestedTensorWarning``.
     """
+    nested = any(t.is_nested for _, t in _leaves(tensor))
+    if nested:
+        warnings.warn(
+            "pad_across_processes cannot pad a nested tensor (its rows have sizes of their "
+            "own) and leaves it as it is; pad its rows yourself, e.g. "
+            "torch.nested.to_padded_tensor(t, pad_index), before padding across processes.",
+            CannotPadNestedTensorWarning,
+            stacklevel=2,
+        )
     if world_size() == 1:
         return tensor
-    longest = iter(_check("pad_across_processes", tensor, dim))
+    # the ranks compare and pad the other tensors; the nested ones are left out of the check
+    flat = map_tensors(tensor, lambda t: None if t.is_nested else t) if nested else tensor
+    longest = iter(_check("pad_across_processes", flat, dim))
 
     def one(t: torch.Tensor) -> torch.Tensor:
+        if t.is_nested:
+            return t
         d, size = dim % t.dim(), next(longest)
         if size == t.shape[d]:
             return t

@@ -31,6 +31,7 @@ does), so ``state = AcceleratorState()`` stays valid while you hold it.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import weakref
 from typing import Any, Protocol
 
@@ -77,12 +78,78 @@ def newest() -> AcceleratorLike | None:
 
 def check_not_reset(accelerator: AcceleratorLike, what: str) -> None:
     """Refuse ``what`` on an Accelerator that ``AcceleratorState._reset_state()`` forgot."""
-    if accelerator.__dict__.get("_was_reset"):
+    by = accelerator.__dict__.get("_reset_by")
+    if by is not None:
         raise AttributeError(
-            f"{what}: this Accelerator's `AcceleratorState` object has no attributes for you "
-            "any more. This happens if `AcceleratorState._reset_state()` was called after the "
-            "Accelerator was made: create a new Accelerator() after the reset."
+            f"{what}: this Accelerator's `{by}` object has no attributes for you any more. "
+            f"This happens if `{by}._reset_state()` was called after the Accelerator was "
+            "made: create a new Accelerator() after the reset."
         )
+
+
+# -- Accelerate's reset, on objects that are not singletons -----------------------------------
+#: Where a state keeps the facts that a reset takes away (the process facts read from them).
+_FACT_STORAGE = ("env", "device")
+
+
+def forget_facts(state: Any, by: str) -> None:
+    """``state`` (a ``PartialState`` or an Accelerator) answers no process fact from now on, as
+    Accelerate's state after ``{by}._reset_state()``: the facts' storage is set aside, so reading
+    ``num_processes``, ``device``, ... raises ``missing``'s error. Nothing else changes: its
+    prepared objects, its hold on the process group and its ``end_training`` stay."""
+    held = state.__dict__
+    if "_reset_by" not in held:
+        held["_forgotten"] = {name: held.pop(name) for name in _FACT_STORAGE if name in held}
+        held["_reset_by"] = by
+
+
+def forget_all(by: str | None = None) -> None:
+    """Forget every live Accelerator: windows made from now on find none. With ``by``
+    (``"AcceleratorState"``), their facts are forgotten too (``forget_facts``)."""
+    for accelerator in list(_live.values()) if by is not None else ():
+        forget_facts(accelerator, by)
+    _live.clear()
+
+
+def missing(state: Any, name: str) -> AttributeError:
+    """The error for ``state.name`` that ordinary lookup did not find (``__getattr__``'s):
+    Accelerate's words after a reset, else Python's own. A property that failed inside is run
+    again so that its own error, the useful one, is raised instead."""
+    by = state.__dict__.get("_reset_by")
+    found = inspect.getattr_static(type(state), name, None)
+    if by is not None and (name in _FACT_STORAGE or isinstance(found, property)):
+        return AttributeError(
+            f"`{by}` object has no attribute `{name}`. This happens if `{by}._reset_state()` "
+            "was called and an `Accelerator` or `PartialState` was not reinitialized: create "
+            "a new one after the reset, and use it instead."
+        )
+    if isinstance(found, property) and found.fget is not None:
+        found.fget(state)  # raises the error that made ordinary lookup fail
+    return AttributeError(f"'{type(state).__name__}' object has no attribute '{name}'")
+
+
+class ResetMethod:
+    """``_reset_state`` on the class (forget the live Accelerators) or, as Accelerate's tests
+    call it, on an instance (that too, and the instance answers no process fact any more)."""
+
+    def __get__(self, state: Any, owner: type) -> Any:
+        def _reset_state() -> None:
+            forget_all()
+            if state is not None:
+                forget_facts(state, "PartialState")
+
+        return _reset_state
+
+
+class SharedState:
+    """Accelerate's ``_shared_state``, read: on the class, the newest live Accelerator's facts
+    (``{}`` when none is live, as after a reset); on an instance, its own ({} once reset)."""
+
+    def __get__(self, state: Any, owner: type) -> dict[str, Any]:
+        source = newest() if state is None else state
+        if source is None or source.__dict__.get("_reset_by"):
+            return {}
+        return {name: getattr(source, name) for name in _FACTS if hasattr(source, name)}
 
 
 #: Accelerate's AcceleratorState fields for engines nbaccel does not drive: always these.
@@ -150,20 +217,34 @@ class AcceleratorState:
             if value is not None:
                 raise ValueError(_changed(f"{name}=...", accelerator))
 
+    _shared_state = SharedState()
+
     def __getattr__(self, name: str) -> Any:  # only names the class itself lacks
         if name in _ABSENT:
             return _ABSENT[name]
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._accelerator, name)
+        accelerator = object.__getattribute__(self, "_accelerator")
+        extras = accelerator.__dict__.get("_state_extras", {})
+        if name in extras:
+            return extras[name]
+        if not name.startswith("_"):
+            try:
+                return getattr(accelerator, name)
+            except AttributeError:
+                if accelerator.__dict__.get("_reset_by"):
+                    raise  # Accelerate's words: the state was reset
+        raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'") from None
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name != "distributed_type":
+        accelerator = self._accelerator
+        if name == "distributed_type":
+            accelerator.distributed_type = value  # what that Accelerator reports, from now
+        elif name in _FACTS or name in _ABSENT or hasattr(type(accelerator), name):
             raise AttributeError(
                 f"AcceleratorState.{name} cannot be assigned: the state is its Accelerator's, "
                 "set when it was created. Pass the value to Accelerator(...) instead."
             )
-        self._accelerator.distributed_type = value  # what that Accelerator reports, from now
+        else:  # a name of your own, kept with the Accelerator: every window onto it sees it
+            accelerator.__dict__.setdefault("_state_extras", {})[name] = value
 
     @property
     def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
@@ -182,16 +263,14 @@ class AcceleratorState:
     def _reset_state(reset_partial_state: bool = False) -> None:
         """Forget the live Accelerators, as Accelerate's reset forgets its shared state.
 
-        Views made afterwards find only Accelerators created afterwards, and the Accelerators
-        made before refuse ``prepare`` (in Accelerate their state is gone, so the next
-        ``prepare`` fails too). Nothing else changes: each Accelerator's state is its own, and
-        the process group stays with the Accelerators that hold it (``state.py``).
-        ``reset_partial_state`` is taken for Accelerate's signature: nbaccel's
-        ``PartialState`` shares nothing, so there is nothing more to forget.
+        Windows made afterwards find only Accelerators created afterwards, and the Accelerators
+        made before answer no process fact (``accelerator.num_processes`` raises
+        ``AttributeError``, as in Accelerate, whose state is gone) and refuse ``prepare``.
+        Their prepared objects, their ``end_training`` and their hold on the process group
+        stay (``state.py``). ``reset_partial_state`` is taken for Accelerate's signature:
+        nbaccel's ``PartialState`` shares nothing, so there is nothing more to forget.
         """
-        for accelerator in list(_live.values()):
-            accelerator._was_reset = True
-        _live.clear()
+        forget_all("AcceleratorState")
 
     def __repr__(self) -> str:
         a = self._accelerator
@@ -210,6 +289,16 @@ def _changed(flag: str, accelerator: AcceleratorLike) -> str:
         f"(mixed_precision={accelerator.mixed_precision!r}, device={accelerator.device}); "
         f"a state is fixed when its Accelerator is created: pass {flag} to Accelerator()."
     )
+
+
+class GradientFacts:
+    """``GradientState._shared_state``: what a ``GradientState()`` made now reports. Never
+    empty: with no live Accelerator it reports Accelerate's defaults, so it is always what
+    Accelerate calls initialized."""
+
+    def __get__(self, window: Any, owner: type) -> dict[str, Any]:
+        names = ("sync_gradients", "end_of_dataloader", "remainder", "num_steps")
+        return {name: getattr(window or owner(), name) for name in names}
 
 
 class GradientState:
@@ -294,6 +383,8 @@ class GradientState:
     @property
     def sync_with_dataloader(self) -> bool:
         return True if self._plugin is None else self._plugin.sync_with_dataloader
+
+    _shared_state = GradientFacts()
 
     @staticmethod
     def _reset_state() -> None:

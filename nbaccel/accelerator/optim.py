@@ -46,6 +46,17 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.stepped = False  # the last step() call changed the weights
 
     @property
+    def _is_overflow(self) -> bool:
+        """Accelerate's name for ``step_was_skipped``; setting it (as Accelerate's tests do)
+        tells the scheduler whether the last step counts."""
+        return self.step_was_skipped
+
+    @_is_overflow.setter
+    def _is_overflow(self, value: bool) -> None:
+        self.step_was_skipped = bool(value)
+        self.window.track(self.optimizer, stepped=not value)
+
+    @property
     def param_groups(self):  # type: ignore[override]
         return self.optimizer.param_groups
 

@@ -34,7 +34,8 @@ class ProjectConfiguration:
 
     ``project_dir``: the run's folder (trackers write there too). ``logging_dir``: the
     trackers' folder, ``project_dir`` when unset. ``automatic_checkpoint_naming``: ``save_state()``
-    and ``load_state()`` need no folder. ``total_limit``: keep at most this many checkpoints.
+    and ``load_state()`` need no folder (they need a ``project_dir``: here, or
+    ``Accelerator(project_dir=...)``). ``total_limit``: keep at most this many checkpoints.
     ``iteration``: the number the next automatic checkpoint takes at least.
     """
 
@@ -60,12 +61,6 @@ class ProjectConfiguration:
                 "every checkpoint, so on several machines give project_dir a folder that all of "
                 "them share. Leave save_on_each_node False."
             )
-        if self.automatic_checkpoint_naming and self.project_dir is None:
-            raise ValueError(
-                "automatic_checkpoint_naming=True needs a project_dir, where the checkpoints "
-                'go: ProjectConfiguration(project_dir="runs/my_run", '
-                "automatic_checkpoint_naming=True)"
-            )
 
     def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
         """Set ``project_dir``, and ``logging_dir`` with it when it was unset."""
@@ -75,7 +70,14 @@ class ProjectConfiguration:
 
     @property
     def checkpoints(self) -> Path:
-        return Path(self.project_dir) / "checkpoints"  # type: ignore[arg-type]
+        """``project_dir/checkpoints``, where automatic checkpoints go."""
+        if self.project_dir is None:  # checked when used: Accelerator(project_dir=...) sets it
+            raise ValueError(
+                "automatic_checkpoint_naming=True needs a project_dir, where the checkpoints "
+                'go: Accelerator(project_dir="runs/my_run", project_config=...) or '
+                'ProjectConfiguration(project_dir="runs/my_run", automatic_checkpoint_naming=True)'
+            )
+        return Path(self.project_dir).expanduser() / "checkpoints"
 
 
 def numbered(folder: Path) -> list[tuple[int, Path]]:
@@ -89,7 +91,7 @@ def numbered(folder: Path) -> list[tuple[int, Path]]:
 def save_folder(config: ProjectConfiguration, path: str | os.PathLike | None) -> Path:
     """The folder ``save_state(path)`` writes: ``path``, or the next automatic one."""
     if path is not None:
-        return Path(path)
+        return Path(path).expanduser()
     if not config.automatic_checkpoint_naming:
         raise ValueError(_no_folder("save_state"))
     return next_folder(config)
@@ -98,7 +100,7 @@ def save_folder(config: ProjectConfiguration, path: str | os.PathLike | None) ->
 def load_folder(config: ProjectConfiguration, path: str | os.PathLike | None) -> Path:
     """The folder ``load_state(path)`` reads: ``path``, or the newest complete automatic one."""
     if path is not None:
-        return Path(path)
+        return Path(path).expanduser()
     if not config.automatic_checkpoint_naming:
         raise ValueError(_no_folder("load_state"))
     return newest(config)

@@ -1,4 +1,6 @@
-"""Where this process stands, without the training machinery: ``PartialState``.
+"""Where this process stands, without the training machinery: ``PartialState``. Over 400
+lines because it is Accelerate's ``PartialState`` whole, one class read in one sitting: the
+process facts, the barriers, the one-process decorators and the collectives' methods.
 
 Accelerate's ``PartialState`` under the same names: the process facts (``num_processes``,
 ``process_index``, ``device``, ``is_main_process``, ...), barriers, ``print`` and the
@@ -30,8 +32,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import gc
+import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -45,7 +49,7 @@ from ..env import DistEnv, backend_for, choose_device
 from ..errors import NbaccelError
 from ..observe.meter import StepMeter, communicating
 from ..observe.stacks import listen_from_environ
-from . import collectives
+from . import collectives, current
 from .collectives import Reduction
 from .distributed_type import DistributedType  # here too: Accelerate imports it from its state
 
@@ -69,6 +73,9 @@ class PartialState:
     #: The Accelerator's step meter (``nbaccel.observe.meter``), which times the collectives
     #: below as communication; a bare PartialState times nothing.
     _meter: StepMeter | None = None
+    #: Accelerate's ``PartialState._reset_state()`` and ``_shared_state`` (``current.py``).
+    _reset_state = current.ResetMethod()
+    _shared_state = current.SharedState()
 
     def __init__(self, cpu: bool | None = None, **kwargs: Any) -> None:
         if kwargs.keys() - {"backend", "init_method", "timeout"}:
@@ -76,11 +83,12 @@ class PartialState:
                 f"PartialState got {sorted(kwargs)}; it takes cpu and init_process_group's "
                 "backend, init_method and timeout"
             )
-        self.env = DistEnv.from_environ()
+        self.env = process_env()
         listen_from_environ()  # under `nbaccel launch`: say where this rank is when asked
         if cpu is None:
             cpu = bool(LaunchConfig.from_environ().cpu)
-        self.device = choose_device(self.env.local_rank, cpu=cpu)
+        asked = os.environ.get("ACCELERATE_TORCH_DEVICE")  # Accelerate's override, honoured
+        self.device = torch.device(asked) if asked else choose_device(self.env.local_rank, cpu=cpu)
         self._triggered = False  # set_trigger since the last check_trigger
         self._group: weakref.ref | None = None  # the default group this state uses
         self._ended = False  # destroy_process_group() was called
@@ -346,7 +354,12 @@ class PartialState:
         if dist.is_available() and dist.is_initialized() and not self._ended:
             self._group = weakref.ref(dist.group.WORLD)
 
+    def __getattr__(self, name: str) -> Any:  # only what ordinary lookup did not find
+        raise current.missing(self, name)
+
     def __repr__(self) -> str:
+        if "_reset_by" in self.__dict__:
+            return f"<{type(self).__name__}, reset by {self.__dict__['_reset_by']}._reset_state()>"
         return (
             f"{type(self).__name__}(distributed_type={self.distributed_type.value}, "
             f"process_index={self.process_index}, num_processes={self.num_processes}, "
@@ -359,6 +372,22 @@ class PartialState:
 #: weak, so garbage holds nothing and leaks nothing.
 _holders: weakref.WeakSet[PartialState] = weakref.WeakSet()
 _created: weakref.WeakKeyDictionary[dist.ProcessGroup, dict] = weakref.WeakKeyDictionary()
+
+
+def process_env() -> DistEnv:
+    """The launcher's variables; or, when they name no processes but a process group of several
+    exists already (one you made, or Accelerate's ``debug_launcher``), that group's ranks."""
+    env = DistEnv.from_environ()
+    if env.is_distributed or not (dist.is_available() and dist.is_initialized()):
+        return env
+    size, rank = dist.get_world_size(), dist.get_rank()
+    if size == 1:
+        return env
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+    return dataclasses.replace(
+        env, rank=rank, local_rank=local_rank, world_size=size, local_world_size=local_size
+    )
 
 
 def _alive(group: weakref.ref | None) -> bool:

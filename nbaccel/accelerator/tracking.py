@@ -27,11 +27,20 @@ def log(
 ) -> None:
     """Numbers to ``recorder``; those and the strings and mappings (TensorBoard text, say) to
     ``trackers``, at ``step`` or the optimizer steps taken, counting the ``steps_before`` of
-    the run this one resumed."""
+    the run this one resumed. The trackers get the values as given (an int stays an int, as
+    in Accelerate), one-number tensors as Python numbers."""
     if not trackers.chosen:
         recorder.log(values, step)
         return
-    other = {k: v for k, v in values.items() if isinstance(v, str | Mapping)}  # trackers'
-    numbers = recorder.log({k: v for k, v in values.items() if k not in other}, step)
+    plain = {k: _number(v) for k, v in values.items()}
+    other = {k for k, v in plain.items() if isinstance(v, str | Mapping)}  # the trackers' only
+    recorder.log({k: v for k, v in plain.items() if k not in other}, step)
     steps = steps_before + recorder.optimizer_steps
-    trackers.log({**numbers, **other}, steps if step is None else step, log_kwargs)
+    trackers.log(plain, steps if step is None else step, log_kwargs)
+
+
+def _number(value: Any) -> Any:
+    """A one-number tensor as its Python number (read once, for both places); else as it is."""
+    if hasattr(value, "numel") and hasattr(value, "item") and value.numel() == 1:
+        return value.item()
+    return value

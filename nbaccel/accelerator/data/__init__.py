@@ -6,5 +6,8 @@
 * ``dispatch``: rank 0 reads, every rank gets its slice (``dispatch_batches=True``);
 * ``loader``: the prepared loader, which knows its last batch, and how an interrupted pass
   resumes;
-* ``prepare``: Accelerate's free ``prepare_data_loader``, on the same pieces.
+* ``prepare``: Accelerate's free ``prepare_data_loader``, on the same pieces;
+* ``adapters``: Accelerate's classes by name (``DataLoaderShard``, ``DataLoaderDispatcher``,
+  ``SkipDataLoader``) and ``skip_first_batches``: the prepared loader is one of them;
+* ``resumable``: ``use_stateful_dataloader``, the loader on torchdata's StatefulDataLoader.
 """

@@ -8,6 +8,8 @@ progress, the batches it yielded and the torch RNG state the pass began with); a
 of that pass in the order it had: the sampler draws its shuffle from the saved state, and the
 RNG goes back to the checkpoint's before any batch is read (``samplers.Replay``). A resumed run
 then sees exactly the batches, and draws exactly the random numbers, of the run that died.
+On torchdata's StatefulDataLoader (``use_stateful_dataloader``) the state is that loader's
+instead, and the next pass resumes by itself (``resumable``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from ...errors import NbaccelError
 from ...tensors import samples_in, send_to_device
 from .dispatch import DispatchedDataLoader
+from .resumable import stateful_state
 from .samplers import Replay, ShardedBatchSampler, counted_batches, fixed_batch_size
 from .streams import IterableDatasetShard
 
@@ -63,18 +66,18 @@ class LoopState:
 def with_batch_sampler(loader: DataLoader, batch_sampler: Any, as_sampler: bool) -> DataLoader:
     where = {"sampler": batch_sampler, "batch_size": None} if as_sampler else {}
     return DataLoader(
-        loader.dataset, **(where or {"batch_sampler": batch_sampler}), **_workers_of(loader)
+        loader.dataset, **(where or {"batch_sampler": batch_sampler}), **workers_of(loader)
     )
 
 
 def with_dataset(loader: DataLoader, dataset: Any, batch_size: int) -> DataLoader:
     """``loader`` over another dataset (an IterableDataset's shard), ``batch_size`` a batch."""
     return DataLoader(
-        dataset, batch_size=batch_size, drop_last=loader.drop_last, **_workers_of(loader)
+        dataset, batch_size=batch_size, drop_last=loader.drop_last, **workers_of(loader)
     )
 
 
-def _workers_of(loader: DataLoader) -> dict[str, Any]:
+def workers_of(loader: DataLoader) -> dict[str, Any]:
     """How ``loader`` loads and collates: what a loader rebuilt from it keeps."""
     return {
         "num_workers": loader.num_workers,
@@ -110,7 +113,27 @@ class SkippedDataLoader:
         return getattr(self.loader, name)
 
 
-class PreparedDataLoader:
+class DataLoaderStateMixin:
+    """Accelerate's mixin of a loader's place in its pass: ``end_of_dataloader`` (the batch
+    just yielded is the last), ``remainder`` (real samples of a topped-up last global step,
+    else -1); ``begin``/``end`` open and close a pass by hand (``end`` after a ``break``)."""
+
+    end_of_dataloader = False
+    remainder = -1
+
+    def reset(self) -> None:
+        self.end_of_dataloader, self.remainder = False, -1
+
+    def begin(self) -> None:
+        self.reset()
+
+    def end(self) -> None:
+        state = getattr(self, "state", None)
+        for frame in [f for f in getattr(state, "active", ()) if f.loader is self]:
+            state.active.remove(frame)  # type: ignore[union-attr]
+
+
+class PreparedDataLoader(DataLoaderStateMixin):
     """Iterates a (sharded) DataLoader and yields batches already on ``device``.
 
     It knows, before yielding it, which batch is the last: ``accumulate`` then syncs gradients
@@ -141,11 +164,26 @@ class PreparedDataLoader:
         on_gpu = device is not None and device.type == "cuda"
         self._non_blocking = (non_blocking or bool(loader.pin_memory)) and on_gpu
         self.epoch = 0
+        self.skip_batches = 0  # each pass starts this many batches in (SkipDataLoader)
+        # the torch DataLoader underneath (Accelerate's name); isinstance sees its class
+        self.base_dataloader = getattr(loader, "loader", loader)
+        # a torchdata StatefulDataLoader: its state_dict as of the batch last yielded
+        self._stateful = stateful_state(self.base_dataloader)
         self._progress: tuple[torch.Tensor, int] | None = None  # pass in progress: RNG, batches
         self._resume: dict[str, Any] | None = None  # a checkpoint's state, until the next pass
 
     def __len__(self) -> int:
         return len(self.loader)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        """The torch DataLoader's class (``DataLoader``, ``StatefulDataLoader``), as in
+        Accelerate: ``isinstance(loader, DataLoader)`` holds; ``type(loader)`` is the truth."""
+        return type(self.base_dataloader)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # pickle checks __class__, which names the torch class: rebuild this one by its type
+        return (_rebuilt, (type(self),), self.__dict__)
 
     @property
     def batch_size(self) -> int | None:
@@ -179,7 +217,7 @@ class PreparedDataLoader:
         return getattr(self.loader, name)
 
     def __iter__(self) -> Iterator[Any]:
-        return self._pass(skip=0)
+        return self._pass(skip=self.skip_batches)
 
     def skip(self, num_batches: int) -> SkippedDataLoader:
         """The next pass without its first ``num_batches`` batches (``skip_first_batches``)."""
@@ -188,7 +226,11 @@ class PreparedDataLoader:
     def state_dict(self) -> dict[str, Any]:
         """Where this rank's loader stands: its epoch, and for a pass in progress the batches
         it yielded and the torch RNG state it began with (``save_state`` keeps it). Right
-        after ``load_state_dict``, the state it was given (the pass is still to resume)."""
+        after ``load_state_dict``, the state it was given (the pass is still to resume).
+        Built on a StatefulDataLoader (``use_stateful_dataloader``): its state_dict, as of the
+        batch last yielded."""
+        if self._stateful is not None:
+            return self._stateful.current
         if self._progress is not None:
             begun, batches = self._progress
             return {"epoch": self.epoch, "batches": batches, "rng": begun}
@@ -197,7 +239,17 @@ class PreparedDataLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at ``state``: the next pass is epoch ``state["epoch"]``; when a pass was in
         progress it is shuffled again exactly as it was (see ``samplers.Replay``), and
-        ``state["batches"]`` says how many of its batches to skip."""
+        ``state["batches"]`` says how many of its batches to skip. On a StatefulDataLoader:
+        its state, and the next pass goes on where that one stopped."""
+        if self._stateful is not None:
+            self._stateful.load(self.base_dataloader, state)
+            return
+        if "epoch" not in state:
+            raise ValueError(
+                f"load_state_dict() got a state with the keys {sorted(state)}, not this loader's "
+                "(a StatefulDataLoader's? saved with use_stateful_dataloader=True): load it "
+                "with the DataLoaderConfiguration it was saved with."
+            )
         self.epoch = state["epoch"]
         self._resume = dict(state)
 
@@ -205,6 +257,8 @@ class PreparedDataLoader:
         self.set_epoch(self.epoch)
         frame = _Pass(None, loader=self)
         self.state.active.append(frame)
+        self.begin()
+        stateful = self._stateful
         resume, self._resume = self._resume, None
         replay = resume.get("rng") if resume else None
         begun = torch.get_rng_state() if replay is None else replay
@@ -229,14 +283,19 @@ class PreparedDataLoader:
             yielded, moves = skip, device is not None
             clock = None if meter is None else meter.clock
             while current is not _DONE:
+                if stateful is not None:  # before reading ahead: the batches yielded so far
+                    stateful.snapshot(self.base_dataloader)
                 if left is None:
                     following = next(batches, _DONE)  # read ahead: the wait for it is this batch's
                 else:
                     left -= 1
                     following = _LATER if left > 0 else _DONE
                 if following is _DONE:  # the sampler is spent: it knows how the epoch ended
-                    frame.end = True
+                    frame.end = self.end_of_dataloader = True
                     frame.remainder = self._remainder()
+                    self.remainder = -1 if frame.remainder is None else frame.remainder
+                    if stateful is not None:
+                        stateful.snapshot(self.base_dataloader, finished=True)
                 batch, samples = current, -1
                 kind = type(current)
                 if (kind is tuple or kind is list) and current:  # the common batch, inline:
@@ -267,13 +326,16 @@ class PreparedDataLoader:
                 meter.epoch_done()
         finally:  # complete, or left early (a break): no pass in progress to resume
             self._progress = None
-            self.state.active.remove(frame)
+            if frame in self.state.active:  # end() may have closed it already
+                self.state.active.remove(frame)
 
     def _loader_for(self, skip: int, replay: torch.Tensor | None) -> tuple[Any, Replay | None]:
         """The loader for a pass: this one, or a copy whose batch sampler skips ``skip``
         batches and, resuming, draws its shuffle as the pass first did (the ``Replay``)."""
         if not skip and replay is None:
             return self.loader, None
+        if self._stateful is not None:  # read and drop: the StatefulDataLoader counts them
+            return itertools.islice(self.loader, skip, None), None
         if isinstance(self.loader.dataset, IterableDataset):
             if replay is not None:
                 raise NbaccelError(
@@ -328,6 +390,10 @@ def _samplers(batch_sampler: Any) -> Iterator[Any]:
         if getattr(batch_sampler, "sampler", None) is not None:
             yield batch_sampler.sampler
         batch_sampler = getattr(batch_sampler, "batch_sampler", None)
+
+
+def _rebuilt(kind: type) -> Any:
+    return object.__new__(kind)
 
 
 _DONE = object()

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from ...env import DistEnv
+from .adapters import DataLoaderDispatcher, DataLoaderShard, comm_device
 from .loader import LoopState, PreparedDataLoader
 from .sharding import DataLoaderConfiguration, SharedSeed, shard_dataloader
 
@@ -80,7 +81,7 @@ def prepare_data_loader(
         use_stateful_dataloader=use_stateful_dataloader,
     )
     rank, world_size, grouped = _place(num_processes, process_index)
-    comm = _comm_device(device)
+    comm = comm_device(device)
     if dispatch_batches and world_size > 1 and not grouped:
         raise ValueError(
             f"dispatch_batches=True on {world_size} processes needs their process group: rank "
@@ -105,7 +106,8 @@ def prepare_data_loader(
     )
     # as Accelerate: no device, no move (a dispatched batch arrives on ``comm`` anyway)
     target = torch.device(device) if put_on_device and device is not None else None
-    return PreparedDataLoader(sharded, target, LoopState(), non_blocking=non_blocking)
+    kind = DataLoaderDispatcher if dispatch_batches else DataLoaderShard
+    return kind.around(sharded, target, LoopState(), non_blocking=non_blocking)
 
 
 def _place(num_processes: int | None, process_index: int | None) -> tuple[int, int, bool]:
@@ -126,12 +128,3 @@ def _place(num_processes: int | None, process_index: int | None) -> tuple[int, i
         )
     grouped = dist.is_available() and dist.is_initialized() and group == (rank, world_size)
     return rank, world_size, grouped
-
-
-def _comm_device(device: torch.device | str | None) -> torch.device:
-    """Where a broadcast happens: the given device, else the process group's (CUDA for NCCL)."""
-    if device is not None:
-        return torch.device(device)
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")

@@ -78,6 +78,11 @@ class ShardedBatchSampler(Sampler[list[int]]):
         size = self.loader_batch_size
         self.batch_size = size // world_size if split_batches and size else size
         self.remainder: int | None = None
+        # where the pass stands, for torchdata's StatefulDataLoader (state_dict): the shuffle's
+        # shared seed and the batches yielded; and a state to resume, until the next pass
+        self._seed: int | None = None
+        self._yielded = 0
+        self._resume: dict[str, Any] | None = None
 
     def __len__(self) -> int:
         batches = len(self.batch_sampler)  # type: ignore[arg-type]
@@ -97,9 +102,28 @@ class ShardedBatchSampler(Sampler[list[int]]):
         short = len(sampler) % self.loader_batch_size  # type: ignore[arg-type, operator]
         return 0 < short <= self.rank * self.batch_size  # type: ignore[operator]
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where this pass stands: the seed its shuffle shares across ranks (None: it drew
+        none) and the batches it yielded. A StatefulDataLoader keeps it, so that a resumed
+        pass shuffles as the interrupted one did, not from the RNG as it is then."""
+        return {"seed": self._seed, "yielded": self._yielded}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next pass is the one ``state`` saved, without the batches it had yielded."""
+        self._resume = dict(state)
+
     def __iter__(self) -> Iterator[list[int]]:
+        resume, self._resume = self._resume, None
+        skip = resume["yielded"] if resume else 0
+        self._yielded = 0
+        for batch in self._pass(resume["seed"] if resume else None):
+            self._yielded += 1
+            if self._yielded > skip:
+                yield batch
+
+    def _pass(self, seed: int | None) -> Iterator[list[int]]:
         self.remainder = None
-        batches = self._epoch_batches()
+        batches = self._epoch_batches(seed)
         if self.loader_batch_size is None:  # batches of any size: deal them out whole
             for step in self._steps(batches, self.world_size, lambda s: sum(map(len, s))):
                 if self.rank < len(step):
@@ -147,15 +171,79 @@ class ShardedBatchSampler(Sampler[list[int]]):
             short = len(batch) < self.loader_batch_size  # type: ignore[operator]
             yield from batch
 
-    def _epoch_batches(self) -> Iterable[list[int]]:
+    def _epoch_batches(self, seed: int | None) -> Iterable[list[int]]:
+        """The pass's batches: shuffled with ``seed`` (a resumed pass's), else with rank 0's
+        draw when the sampler would draw from the global RNG."""
+        self._seed = None
         sampler = getattr(self.batch_sampler, "sampler", None)
-        if not _draws_from_global_rng(sampler) or self.shared_seed is None:
+        if not _draws_from_global_rng(sampler) or (self.shared_seed is None and seed is None):
             return self.batch_sampler  # deterministic, or seeded alike on every rank
+        self._seed = self.shared_seed() if seed is None else seed  # type: ignore[misc]
         sampler = copy.copy(sampler)
-        sampler.generator = torch.Generator().manual_seed(self.shared_seed())
+        sampler.generator = torch.Generator().manual_seed(self._seed)
         batches = copy.copy(self.batch_sampler)
         batches.sampler = sampler  # type: ignore[union-attr]
         return batches
+
+
+class BatchSamplerShard(ShardedBatchSampler):
+    """Accelerate's name and arguments for ``ShardedBatchSampler``: the batches of
+    ``batch_sampler`` that process ``process_index`` of ``num_processes`` takes."""
+
+    def __init__(
+        self,
+        batch_sampler: Sampler[list[int]] | Iterable[list[int]],
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ) -> None:
+        super().__init__(
+            batch_sampler,
+            process_index,
+            num_processes,
+            split_batches=split_batches,
+            even_batches=even_batches,
+        )
+
+    @property
+    def num_processes(self) -> int:
+        return self.world_size
+
+    @property
+    def process_index(self) -> int:
+        return self.rank
+
+    @property
+    def total_length(self) -> int:
+        return len(self.batch_sampler)  # type: ignore[arg-type]
+
+
+class SkipBatchSampler(Sampler[list[int]]):
+    """``batch_sampler`` without its first ``skip_batches`` batches (Accelerate's class)."""
+
+    def __init__(self, batch_sampler: Any, skip_batches: int = 0) -> None:
+        if isinstance(skip_batches, bool) or not isinstance(skip_batches, int) or skip_batches < 0:
+            raise ValueError(f"skip_batches={skip_batches!r} must be an int >= 0")
+        self.batch_sampler, self.skip_batches = batch_sampler, skip_batches
+
+    @property
+    def batch_size(self) -> int | None:
+        return fixed_batch_size(self.batch_sampler)
+
+    @property
+    def drop_last(self) -> bool:
+        return bool(getattr(self.batch_sampler, "drop_last", False))
+
+    @property
+    def total_length(self) -> int:
+        return len(self.batch_sampler)
+
+    def __len__(self) -> int:
+        return max(len(self.batch_sampler) - self.skip_batches, 0)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
 
 
 def counted_batches(loader: Any) -> int | None:
@@ -211,7 +299,8 @@ def check_split(batch_size: int | None, world_size: int, batch_sampler: Any) -> 
         fit = max(world_size, batch_size // world_size * world_size)
         raise ValueError(
             f"split_batches=True cuts each batch of {batch_size} samples into {world_size} "
-            f"equal slices, one per process, so batch_size must be a multiple of {world_size}: "
+            f"equal slices, one per process, so batch_size must be a multiple of {world_size} "
+            "(a round multiple of the number of processes): "
             f"use e.g. batch_size={fit}, or split_batches=False."
         )
 

@@ -59,8 +59,10 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 from torch.utils.data.distributed import DistributedSampler
 
 from .. import collectives
+from .adapters import STATEFUL_DISPATCH, DataLoaderDispatcher, DataLoaderShard
 from .dispatch import DispatchedDataLoader
-from .loader import LoopState, PreparedDataLoader, with_batch_sampler, with_dataset
+from .loader import LoopState, PreparedDataLoader, with_batch_sampler, with_dataset, workers_of
+from .resumable import as_stateful
 from .samplers import SeedableRandomSampler, ShardedBatchSampler, check_split, fixed_batch_size
 from .streams import IterableDatasetShard
 
@@ -82,8 +84,10 @@ class DataLoaderConfiguration:
     and ``data_seed``: shuffle from ``data_seed + epoch``, independent of the global RNG.
     ``non_blocking``: copy batches to the GPU without waiting (pair it with ``pin_memory=True``).
     ``dispatch_batches``: rank 0 reads every batch and sends each rank its slice (``dispatch``);
-    None means "for an IterableDataset", as in Accelerate. ``use_stateful_dataloader`` exists
-    for Accelerate's code; only False works here.
+    None means "for an IterableDataset", as in Accelerate. ``use_stateful_dataloader``: build
+    the prepared loader on torchdata's ``StatefulDataLoader`` (``pip install
+    'nbaccel[stateful]'``): its ``state_dict()``, kept by ``save_state``, resumes the pass
+    where it stopped, with no ``skip_first_batches`` (``resumable``).
 
     As in Accelerate, fields can be assigned (``config.data_seed = 43``); each value is checked
     when it is set, and a loader prepared earlier keeps the values it was prepared with.
@@ -127,14 +131,6 @@ def _check_field(name: str, value: object) -> None:
         and (isinstance(value, bool) or not isinstance(value, int))
     ):
         raise TypeError(f"data_seed={value!r} must be an int or None")
-    if name == "use_stateful_dataloader" and value:
-        raise ValueError(
-            "use_stateful_dataloader=True is not supported: in Accelerate it builds the "
-            "loader on torchdata's StatefulDataLoader, so that save_state records where an "
-            "epoch stopped; nbaccel does not depend on torchdata, and its save_state "
-            "records that anyway. Leave it False, and after load_state resume the epoch "
-            "with accelerator.skip_first_batches(loader, batches_seen)."
-        )
 
 
 class SharedSeed:
@@ -157,10 +153,12 @@ def prepare_dataloader(
     state: LoopState,
     recorder: Recorder | None = None,
     slice_fn: Callable[..., Any] | None = None,
+    device_placement: bool = True,
 ) -> PreparedDataLoader:
-    """What ``Accelerator.prepare`` makes of a DataLoader: this rank's shard, on ``device``,
-    counted by ``recorder`` (samples, epochs, and the time spent waiting for batches).
-    ``slice_fn`` cuts a dispatched step (Accelerate's ``slice_fn_for_dispatch``)."""
+    """What ``Accelerator.prepare`` makes of a DataLoader: this rank's shard, on ``device``
+    (left where it is made with ``device_placement=False``), counted by ``recorder`` (samples,
+    epochs, and the time spent waiting for batches). ``slice_fn`` cuts a dispatched step
+    (Accelerate's ``slice_fn_for_dispatch``)."""
     rank, world_size = env.rank, env.world_size
     if config.use_seedable_sampler and config.data_seed is None and world_size > 1:
         # every rank must shuffle alike, seeded by the user or not (Accelerate takes each
@@ -170,7 +168,18 @@ def prepare_dataloader(
     sharded = shard_dataloader(
         loader, rank, world_size, SharedSeed(device), config, device=device, slice_fn=slice_fn
     )
-    return PreparedDataLoader(sharded, device, state, recorder, non_blocking=config.non_blocking)
+    kind = DataLoaderDispatcher if dispatches(loader, config) else DataLoaderShard
+    place = device if device_placement else None
+    return kind.around(sharded, place, state, recorder, non_blocking=config.non_blocking)
+
+
+def stateful_if_asked(sharded: Any, config: DataLoaderConfiguration) -> Any:
+    """``sharded`` on a StatefulDataLoader when ``use_stateful_dataloader`` asks for one."""
+    if not config.use_stateful_dataloader:
+        return sharded
+    if isinstance(sharded, DispatchedDataLoader):
+        raise ValueError(STATEFUL_DISPATCH)
+    return as_stateful(sharded, workers_of(sharded))
 
 
 def dispatches(loader: DataLoader, config: DataLoaderConfiguration) -> bool:
@@ -213,17 +222,20 @@ def shard_dataloader(
         batches.sampler = sampler  # type: ignore[union-attr]
         loader = with_batch_sampler(loader, batches, as_sampler)
     if world_size == 1 or isinstance(sampler, DistributedSampler):
-        return loader  # nothing to split, or the user already split it
+        return stateful_if_asked(loader, config)  # nothing to split, or the user split it
     if dispatch:
         if config.split_batches and stream:
             check_split(loader.batch_size, world_size, loader.batch_sampler)
-        return DispatchedDataLoader(
-            loader,
-            rank,
-            world_size,
-            device or torch.device("cpu"),
-            split_batches=config.split_batches,
-            slice_fn=slice_fn,
+        return stateful_if_asked(
+            DispatchedDataLoader(
+                loader,
+                rank,
+                world_size,
+                device or torch.device("cpu"),
+                split_batches=config.split_batches,
+                slice_fn=slice_fn,
+            ),
+            config,
         )
     if stream:
         shard = IterableDatasetShard(
@@ -234,7 +246,8 @@ def shard_dataloader(
             process_index=rank,
             split_batches=config.split_batches,
         )
-        return with_dataset(loader, shard, shard.step_size // world_size)
+        sharded = with_dataset(loader, shard, shard.step_size // world_size)
+        return stateful_if_asked(sharded, config)
     if batches is None:
         raise TypeError(
             "prepare() cannot shard a DataLoader built with batch_size=None and no "
@@ -249,7 +262,7 @@ def shard_dataloader(
         even_batches=config.even_batches,
         shared_seed=shared_seed,
     )
-    return with_batch_sampler(loader, sharded, as_sampler)
+    return stateful_if_asked(with_batch_sampler(loader, sharded, as_sampler), config)
 
 
 def _check_combination(

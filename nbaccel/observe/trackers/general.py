@@ -1,7 +1,8 @@
 """What every experiment tracker is, in Accelerate's names: ``GeneralTracker``, the names
 ``log_with`` takes (``LoggerType``), and ``on_main_process`` for trackers written for Accelerate.
 
-Your own tracker: subclass ``GeneralTracker`` and pass an instance to ``log_with``.
+Your own tracker: subclass ``GeneralTracker`` and pass an instance to ``log_with``, or register
+the class by its ``name`` (``registry.register_tracker_class``) and pass the name.
 """
 
 from __future__ import annotations
@@ -17,12 +18,26 @@ from ...env import DistEnv
 
 
 class LoggerType(str, enum.Enum):
-    """The trackers ``log_with`` names (Accelerate's enum; its members equal the strings)."""
+    """The trackers ``log_with`` names (Accelerate's enum; its members equal the strings).
+
+    nbaccel has the first four; the others are Accelerate's names for trackers nbaccel does
+    not have, kept so that ported code reaches ``Accelerator(log_with=...)``, which says so."""
 
     ALL = "all"
     TENSORBOARD = "tensorboard"
     MLFLOW = "mlflow"
     WANDB = "wandb"
+    AIM = "aim"
+    TRACKIO = "trackio"
+    COMETML = "comet_ml"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
+
+    @classmethod
+    def list(cls) -> list[str]:
+        """Every member's value (Accelerate's enums have this)."""
+        return [member.value for member in cls]
 
 
 def on_main_process(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -48,6 +63,10 @@ class GeneralTracker:
     def __init__(self, _blank: bool = False) -> None:  # Accelerate's signature
         pass
 
+    def start(self) -> None:
+        """Open the writer or run (``init_trackers`` calls it, on the main process): the
+        constructor only keeps its arguments, so a tracker made early touches nothing."""
+
     @property
     def tracker(self) -> Any:
         """The library's own object (``get_tracker(name, unwrap=True)`` returns it)."""
@@ -56,7 +75,7 @@ class GeneralTracker:
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Record the run's hyperparameters, once, at ``init_trackers``."""
 
-    def log(self, values: dict[str, Any], step: int | None, **kwargs: Any) -> None:
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Record ``values`` at ``step``."""
 
     def flush(self) -> None:

@@ -371,9 +371,8 @@ def test_fields_can_be_assigned_and_are_checked_when_set():
     assert (config.data_seed, config.dispatch_batches) == (43, True)
     with pytest.raises(TypeError, match=r"data_seed='7' must be an int or None"):
         config.data_seed = "7"  # type: ignore[assignment]
-    with pytest.raises(ValueError, match=r"use_stateful_dataloader=True .*torchdata"):
-        config.use_stateful_dataloader = True
-    assert config.data_seed == 43 and config.use_stateful_dataloader is False
+    config.use_stateful_dataloader = True  # torchdata's StatefulDataLoader (resumable.py)
+    assert config.data_seed == 43 and config.use_stateful_dataloader is True
 
 
 @pytest.mark.parametrize(
@@ -393,10 +392,8 @@ def test_wrong_types_are_refused(options, message):
         DataLoaderConfiguration(**options)
 
 
-def test_what_nbaccel_cannot_mean_is_refused():
+def test_dispatch_batches_is_kept():
     assert DataLoaderConfiguration(dispatch_batches=True).dispatch_batches is True
-    with pytest.raises(ValueError, match=r"use_stateful_dataloader=True .*torchdata"):
-        DataLoaderConfiguration(use_stateful_dataloader=True)
 
 
 def test_set_epoch_reaches_the_sampler_or_the_dataset():

@@ -79,7 +79,6 @@ def test_the_seedable_sampler_takes_accelerates_arguments_and_orders():
             ValueError,
             "dispatch_batches=True on 2 processes needs their process group",
         ),
-        (dict(use_stateful_dataloader=True), ValueError, "torchdata"),
         (dict(non_blocking=1), TypeError, "non_blocking=1 must be True or False"),
         (dict(slice_fn_for_dispatch=print), ValueError, "would never be called"),
         (dict(process_index=2), ValueError, "process_index=2 must be below num_processes=2"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from nbaccel import Accelerator, FSDPPlugin, set_seed
@@ -196,7 +197,7 @@ def test_fsdp_save_state_then_load_state_continues_identically(tmp_path):
         assert restored == 0.0
         assert continued == 0.0, f"training after load_state differs by {continued:.2e}"
     plain = make_model()  # the checkpoint's model file is whole and plain
-    plain.load_state_dict(torch.load(folder / "model_0.pt", weights_only=True))
+    plain.load_state_dict(load_file(folder / "model.safetensors"))  # save_state's default
     saved = results[0][2]
     assert all(torch.equal(v, saved[k]) for k, v in plain.state_dict().items())
 
