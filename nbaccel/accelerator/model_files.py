@@ -31,7 +31,10 @@ logger = logging.getLogger(__name__)
 
 SAFE_WEIGHTS = "model{suffix}.safetensors"
 PICKLED_WEIGHTS = "pytorch_model{suffix}.bin"
-_UNITS = {"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3}  # decimal, as Hugging Face's
+_UNITS = {  # decimal and binary, as Hugging Face's
+    **{"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3},
+    **{"TIB": 2**40, "GIB": 2**30, "MIB": 2**20, "KIB": 2**10},
+}
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
@@ -154,13 +157,16 @@ def shard_size(max_shard_size: int | str) -> int:
     if isinstance(max_shard_size, int):
         size = max_shard_size
     else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]B)\s*", max_shard_size.upper())
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B)\s*", max_shard_size.upper())
         if match is None:
             raise ValueError(
                 f"max_shard_size={max_shard_size!r}: give a number and a unit, KB, MB, GB or "
-                "TB (decimal: '5GB' is 5 * 10**9 bytes), or a number of bytes"
+                "TB (decimal: '5GB' is 5 * 10**9 bytes), KiB, MiB, GiB or TiB (binary), or a "
+                "number of bytes"
             )
         size = int(float(match.group(1)) * _UNITS[match.group(2)])
+        if max_shard_size.strip()[-1] == "b" and "I" not in match.group(2):
+            size //= 8  # '5Gb': gigabits, as Hugging Face reads it
     if size < 1:
         raise ValueError(f"max_shard_size={max_shard_size!r} must be at least one byte")
     return size

@@ -118,11 +118,18 @@ def test_a_new_save_model_leaves_no_stale_file_of_the_last(tmp_path):
     assert "pytorch_model.bin" in os.listdir(tmp_path) and "notes.txt" in os.listdir(tmp_path)
 
 
-def test_shard_sizes_are_read_as_hugging_face_reads_them():
-    assert shard_size("10GB") == 10 * 10**9 and shard_size("200KB") == 200_000
-    assert shard_size(" 1.5mb ") == 1_500_000 and shard_size(512) == 512
-    with pytest.raises(ValueError, match="KB, MB, GB or TB"):
-        shard_size("10GiB")
+@pytest.mark.parametrize(
+    "size", ["10GB", "200KB", "5MB", "10GiB", "1KiB", "3MIB", "5Gb", "3kb", 512]
+)
+def test_shard_sizes_are_read_as_hugging_face_reads_them(size):
+    modeling = pytest.importorskip("accelerate.utils.modeling")
+    assert shard_size(size) == modeling.convert_file_size_to_int(size)
+
+
+def test_shard_sizes_that_mean_nothing_are_refused():
+    assert shard_size("2TB") == 2 * 10**12  # beyond Hugging Face's units, read the same way
+    with pytest.raises(ValueError, match="KiB, MiB, GiB or TiB"):
+        shard_size("10XB")
     with pytest.raises(TypeError, match="must be bytes"):
         shard_size(True)
     with pytest.raises(ValueError, match="at least one byte"):
