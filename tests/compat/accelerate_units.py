@@ -10,7 +10,8 @@ as published (``control/``), and ``port/`` with the eleven files of ``FILES`` re
 ``accelerate_scripts.rewrite_imports`` (the one import rule the script cases use: a name
 comes from ``nbaccel`` or ``nbaccel.utils`` where nbaccel has it, else stays Accelerate's;
 ``accelerate.test_utils`` stays Accelerate's because nbaccel has none of its names). ``run()``
-runs one side's files with pytest in one CPU process; ``units_probe.py``, a pytest plugin,
+runs each side's files with pytest in a CPU process of its own, the sides at the same time;
+``units_probe.py``, a pytest plugin,
 writes each test's outcome and whether its body ran nbaccel's code.
 
     python -m tests.compat.accelerate_units            # both sides, then what differs

@@ -5,9 +5,9 @@ and run. Here: the rewrite changes import lines only; every test Accelerate pass
 against nbaccel too, except those in CANNOT_PASS, each with its reason; and in most of the
 tests that pass, nbaccel's code runs in the test's own body (not only Accelerate's helpers).
 A test that starts to pass must leave CANNOT_PASS, so the list stays true. The whole table:
-``python -m tests.compat.accelerate_units``. Both sides run in about three minutes on 2 cores:
-the ``accelerate_units`` marker names this tier, which ``make test`` runs and ``make check``
-leaves out.
+``python -m tests.compat.accelerate_units``. The two sides, run at the same time, take
+about a minute on 2 cores: the ``accelerate_units`` marker names this tier, which
+``make test`` runs and ``make check`` leaves out.
 """
 
 from __future__ import annotations
